@@ -1,0 +1,369 @@
+"""Murmur's configuration: one TOML file, `MURMUR_*` environment overrides, secrets from env.
+
+`load_settings()` returns a validated `Settings`; `check_settings()` lists every problem an
+operator must fix (what `murmur validate-config` prints). Inside the code only the typed
+objects travel, never raw dicts.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+
+from app.fleet.catalog import SERVER_TYPES, supported_compute_types
+
+ComputeType = Literal["float16", "float32", "int8", "int8_float16", "int8_float32", "bfloat16"]
+VadBackend = Literal["pyannote", "silero"]
+AlignmentDevice = Literal["cuda", "cpu", "none"]
+ProviderName = Literal["scaleway", "local"]
+
+# The minimum length of the scrape token (DESIGN §5) and of the other shared secrets.
+MIN_SECRET_LENGTH = 32
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Profile(_Strict):
+    """One entry of the ordered allowlist: where a worker runs and how it transcribes."""
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,39}$")
+    provider: ProviderName
+    zone: str
+    server_type: str
+    image: str = ""
+    security_group: str = ""
+    model: str = "tiny.en"
+    compute_type: ComputeType = "int8"
+    vad: VadBackend = "silero"
+    alignment_device: AlignmentDevice = "none"
+    batch_size: int = Field(default=1, ge=1, le=64)
+    max_workers: int = Field(default=1, ge=0, le=1000)
+    hourly_cost_eur: float = Field(default=0.0, ge=0)
+    enabled: bool = True
+
+    @property
+    def queue(self) -> str:
+        return f"transcribe.{self.name}"
+
+
+class SecurityGroup(_Strict):
+    """A provider security group; zonal, so a profile may only use one from its own zone."""
+
+    id: str
+    zone: str
+
+
+class ApiSettings(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=1, le=65535)
+    # The URL workers use to reach the control plane (signed audio URLs, results, reports).
+    public_url: str = "http://127.0.0.1:8000"
+    max_upload_bytes: int = Field(default=25 * 1024 * 1024, ge=1024)
+    max_audio_seconds: float = Field(default=4 * 3600, gt=0)
+    sync_timeout_seconds: float = Field(default=300.0, gt=0, le=590)
+    signed_url_ttl_seconds: int = Field(default=600, ge=10, le=86400)
+    # URLs given as job input: only these schemes, and only public addresses.
+    allow_private_urls: bool = False
+
+
+class FleetSettings(_Strict):
+    reconcile_interval_seconds: float = Field(default=5.0, gt=0)
+    idle_timeout_seconds: float = Field(default=60.0, ge=0)
+    boot_timeout_seconds: float = Field(default=900.0, gt=0)
+    backoff_seconds: float = Field(default=60.0, gt=0)
+    backoff_max_seconds: float = Field(default=900.0, gt=0)
+    provider_timeout_seconds: float = Field(default=30.0, gt=0)
+    max_attempts: int = Field(default=3, ge=1)
+
+
+class BudgetSettings(_Strict):
+    max_hourly_eur: float = Field(default=10.0, ge=0)
+
+
+class ObservabilitySettings(_Strict):
+    enabled: bool = False
+    report_interval_seconds: float = Field(default=30.0, gt=0)
+
+
+class ScalewaySettings(_Strict):
+    api_url: str = "https://api.scaleway.com"
+    project_id: str = ""
+
+
+class Settings(_Strict):
+    api: ApiSettings = ApiSettings()
+    database_url: str = "sqlite:///var/murmur.db"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    storage_path: str = "var/audio"
+    default_language: str | None = None
+    fleet: FleetSettings = FleetSettings()
+    budget: BudgetSettings = BudgetSettings()
+    observability: ObservabilitySettings = ObservabilitySettings()
+    scaleway: ScalewaySettings = ScalewaySettings()
+    security_groups: dict[str, SecurityGroup] = {}
+    profiles: tuple[Profile, ...] = ()
+
+    # Secrets: from the environment (or a *_FILE path) only; never from the TOML file.
+    api_tokens: tuple[SecretStr, ...] = ()
+    admin_token: SecretStr | None = None
+    scrape_token: SecretStr | None = None
+    signing_key: SecretStr | None = None
+    webhook_secret: SecretStr | None = None
+    scaleway_access_key: SecretStr | None = None
+    scaleway_secret_key: SecretStr | None = None
+
+    @field_validator("profiles")
+    @classmethod
+    def _unique_names(cls, profiles: tuple[Profile, ...]) -> tuple[Profile, ...]:
+        seen: set[str] = set()
+        for p in profiles:
+            if p.name in seen:
+                raise ValueError(f"duplicate profile name {p.name!r}")
+            seen.add(p.name)
+        return profiles
+
+    def profile(self, name: str) -> Profile:
+        for p in self.profiles:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+    @property
+    def enabled_profiles(self) -> tuple[Profile, ...]:
+        return tuple(p for p in self.profiles if p.enabled)
+
+    def reveal(self, name: str) -> str:
+        """The plain value of a secret field, or "" when unset."""
+        value = getattr(self, name)
+        return value.get_secret_value() if value is not None else ""
+
+
+# The embedded default: one CPU profile on the local provider (config/local.toml mirrors it).
+LOCAL_CPU_PROFILE = Profile(
+    name="local-cpu",
+    provider="local",
+    zone="local",
+    server_type="local-cpu",
+    model="tiny.en",
+    compute_type="int8",
+    vad="silero",
+    alignment_device="none",
+    batch_size=1,
+    max_workers=1,
+    hourly_cost_eur=0.0,
+)
+
+_SECRET_ENV = {
+    "api_tokens": "MURMUR_API_TOKEN",
+    "admin_token": "MURMUR_ADMIN_TOKEN",
+    "scrape_token": "MURMUR_SCRAPE_TOKEN",
+    "signing_key": "MURMUR_SIGNING_KEY",
+    "webhook_secret": "MURMUR_WEBHOOK_SECRET",
+    "scaleway_access_key": "SCW_ACCESS_KEY",
+    "scaleway_secret_key": "SCW_SECRET_KEY",
+}
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used; `problems` lists every reason."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+def _secret_from_env(env: Mapping[str, str], var: str) -> str | None:
+    if env.get(var):
+        return env[var]
+    path = env.get(f"{var}_FILE")
+    if path:
+        try:
+            return Path(path).read_text().strip()
+        except OSError as exc:
+            raise ConfigError([f"{var}_FILE: cannot read {path}: {exc.strerror}"]) from exc
+    return None
+
+
+def _truthy(value: str) -> bool:
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
+    """Non-secret `MURMUR_*` overrides layered over the TOML file."""
+    out: dict[str, Any] = {}
+    api: dict[str, Any] = {}
+    if "MURMUR_DATABASE_URL" in env:
+        out["database_url"] = env["MURMUR_DATABASE_URL"]
+    if "MURMUR_REDIS_URL" in env:
+        out["redis_url"] = env["MURMUR_REDIS_URL"]
+    if "MURMUR_STORAGE_PATH" in env:
+        out["storage_path"] = env["MURMUR_STORAGE_PATH"]
+    if "MURMUR_HOST" in env:
+        api["host"] = env["MURMUR_HOST"]
+    if "MURMUR_PORT" in env:
+        api["port"] = env["MURMUR_PORT"]
+    if "MURMUR_PUBLIC_URL" in env:
+        api["public_url"] = env["MURMUR_PUBLIC_URL"]
+    elif "MURMUR_PORT" in env:
+        api["public_url"] = f"http://127.0.0.1:{env['MURMUR_PORT']}"
+    if "MURMUR_MAX_UPLOAD_BYTES" in env:
+        api["max_upload_bytes"] = env["MURMUR_MAX_UPLOAD_BYTES"]
+    if "MURMUR_SYNC_TIMEOUT_SECONDS" in env:
+        api["sync_timeout_seconds"] = env["MURMUR_SYNC_TIMEOUT_SECONDS"]
+    if "MURMUR_ALLOW_PRIVATE_URLS" in env:
+        api["allow_private_urls"] = _truthy(env["MURMUR_ALLOW_PRIVATE_URLS"])
+    if api:
+        out["api"] = api
+    if "MURMUR_OBSERVABILITY_ENABLED" in env:
+        out["observability"] = {"enabled": _truthy(env["MURMUR_OBSERVABILITY_ENABLED"])}
+    return out
+
+
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = _merge(dict(merged[key]), value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _format_validation_error(exc: ValidationError) -> list[str]:
+    problems = []
+    for err in exc.errors():
+        where = ".".join(str(part) for part in err["loc"]) or "config"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field"
+        problems.append(f"{where}: {msg}")
+    return problems
+
+
+def load_settings(
+    path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None
+) -> Settings:
+    """Read the TOML file (if any), apply env overrides and secrets, validate everything."""
+    env = os.environ if env is None else env
+    path = path if path is not None else env.get("MURMUR_CONFIG") or None
+    raw: dict[str, Any] = {}
+    if path is not None:
+        try:
+            raw = tomllib.loads(Path(path).read_text())
+        except OSError as exc:
+            raise ConfigError([f"{path}: cannot read: {exc.strerror}"]) from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError([f"{path}: not valid TOML: {exc}"]) from exc
+    problems = [
+        f"{key}: secrets come from the environment ({var} or {var}_FILE), not the config file"
+        for key, var in _SECRET_ENV.items()
+        if key in raw
+    ]
+    data = _merge(raw, _env_overrides(env))
+    if not data.get("profiles"):
+        data["profiles"] = [LOCAL_CPU_PROFILE.model_dump()]
+    tokens = _secret_from_env(env, "MURMUR_API_TOKEN")
+    data["api_tokens"] = tuple(t.strip() for t in (tokens or "").split(",") if t.strip())
+    for key, var in _SECRET_ENV.items():
+        if key != "api_tokens":
+            data[key] = _secret_from_env(env, var)
+    try:
+        settings = Settings.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(problems + _format_validation_error(exc)) from None
+    if problems:
+        raise ConfigError(problems)
+    return settings
+
+
+def check_settings(settings: Settings, *, role: str = "control") -> list[str]:
+    """Every problem that stops this configuration from running safely (empty = fine)."""
+    problems: list[str] = []
+    if not settings.enabled_profiles:
+        problems.append("profiles: no enabled profile: jobs would have nowhere to run")
+    for p in settings.profiles:
+        where = f"profiles.{p.name}"
+        stype = SERVER_TYPES.get(p.server_type)
+        if stype is None:
+            problems.append(
+                f"{where}.server_type: unknown server type {p.server_type!r} "
+                f"(known: {', '.join(sorted(SERVER_TYPES))})"
+            )
+        else:
+            if stype.gpu_count > 1:
+                problems.append(
+                    f"{where}.server_type: {p.server_type} has {stype.gpu_count} GPUs; "
+                    "multi-GPU types are not allowed until one worker can use each GPU"
+                )
+            if p.compute_type not in supported_compute_types(stype.cuda_capability):
+                device = (
+                    f"{stype.gpu} (CUDA capability {stype.cuda_capability[0]}."
+                    f"{stype.cuda_capability[1]})"
+                    if stype.cuda_capability
+                    else "the CPU"
+                )
+                problems.append(
+                    f"{where}.compute_type: {p.compute_type} cannot run on {device}; "
+                    f"allowed: {', '.join(sorted(supported_compute_types(stype.cuda_capability)))}"
+                )
+            if stype.gpu is None and p.alignment_device == "cuda":
+                problems.append(f"{where}.alignment_device: cuda on a CPU-only server type")
+            if (p.provider == "local") != (stype.gpu is None):
+                problems.append(
+                    f"{where}.server_type: {p.server_type} does not belong to provider "
+                    f"{p.provider}"
+                )
+        if p.provider == "scaleway":
+            if not p.image:
+                problems.append(f"{where}.image: required for the scaleway provider")
+            sg = settings.security_groups.get(p.security_group)
+            if not p.security_group:
+                problems.append(f"{where}.security_group: required for the scaleway provider")
+            elif sg is None:
+                problems.append(
+                    f"{where}.security_group: {p.security_group!r} is not declared "
+                    "in [security_groups]"
+                )
+            elif sg.zone != p.zone:
+                problems.append(
+                    f"{where}.security_group: {p.security_group!r} lives in zone {sg.zone}, "
+                    f"not in the profile's zone {p.zone}"
+                )
+    if role == "control":
+        if not settings.api_tokens:
+            problems.append("MURMUR_API_TOKEN: not set (comma-separated bearer tokens)")
+        if not settings.signing_key:
+            problems.append("MURMUR_SIGNING_KEY: not set (signs worker credentials and URLs)")
+        for name in ("signing_key", "scrape_token", "admin_token", "webhook_secret"):
+            value = settings.reveal(name)
+            if value and len(value) < MIN_SECRET_LENGTH:
+                problems.append(
+                    f"{_SECRET_ENV[name]}: must be at least {MIN_SECRET_LENGTH} characters"
+                )
+        secrets = {
+            "MURMUR_API_TOKEN": {t.get_secret_value() for t in settings.api_tokens},
+            "MURMUR_SIGNING_KEY": {settings.reveal("signing_key")} - {""},
+            "MURMUR_SCRAPE_TOKEN": {settings.reveal("scrape_token")} - {""},
+            "MURMUR_ADMIN_TOKEN": {settings.reveal("admin_token")} - {""},
+        }
+        names = list(secrets)
+        for i, a in enumerate(names):
+            for b in names[i + 1 :]:
+                if secrets[a] & secrets[b]:
+                    problems.append(f"{a} and {b} must be different credentials")
+        if settings.observability.enabled and not settings.scrape_token:
+            problems.append("MURMUR_SCRAPE_TOKEN: required when observability is enabled")
+        if any(p.provider == "scaleway" and p.enabled for p in settings.profiles):
+            for name in ("scaleway_access_key", "scaleway_secret_key"):
+                if not settings.reveal(name):
+                    problems.append(f"{_SECRET_ENV[name]}: required by the scaleway profiles")
+            if not settings.scaleway.project_id:
+                problems.append("scaleway.project_id: required by the scaleway profiles")
+    return problems

@@ -1,0 +1,54 @@
+"""`create_app(settings)`: builds the Flask API with its services and blueprints."""
+
+from __future__ import annotations
+
+import logging
+
+import redis
+from celery import Celery
+from flask import Flask
+
+from app.config import Settings, load_settings
+from app.context import Services
+from app.db import Database
+from app.errors import register_error_handlers
+from app.storage import LocalAudioStore
+
+# Room for multipart framing and form fields around a file of the maximum size.
+_MULTIPART_OVERHEAD = 64 * 1024
+
+
+def create_app(
+    settings: Settings | None = None, *, db: Database | None = None, celery: Celery | None = None
+) -> Flask:
+    settings = settings or load_settings()
+    app = Flask("murmur", static_folder=None)
+    app.config["MAX_CONTENT_LENGTH"] = settings.api.max_upload_bytes + _MULTIPART_OVERHEAD
+    app.json.sort_keys = False  # type: ignore[attr-defined]
+    if celery is None:
+        from tasks.celery_app import make_celery
+
+        celery = make_celery(settings)
+    app.extensions["murmur"] = Services(
+        settings=settings,
+        db=db or Database(settings.database_url),
+        redis=redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=2),
+        celery=celery,
+        storage=LocalAudioStore(settings.storage_path),
+    )
+    register_error_handlers(app)
+
+    from app.health import health_bp
+    from app.internal import internal_bp
+    from app.jobs.views import jobs_bp
+
+    app.register_blueprint(health_bp)
+    app.register_blueprint(jobs_bp)
+    app.register_blueprint(internal_bp)
+    try:
+        from app.fleet.views import fleet_bp
+    except ImportError:  # the fleet views are optional until the fleet package lands
+        logging.getLogger(__name__).debug("fleet views not available")
+    else:
+        app.register_blueprint(fleet_bp)
+    return app

@@ -1,0 +1,1 @@
+"""Fleet domain: worker profiles, the GPU catalog, and the state the planner reads."""

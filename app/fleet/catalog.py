@@ -1,0 +1,58 @@
+"""What each provider server type carries: GPU model, GPU count and CUDA capability.
+
+The table is small on purpose: a profile may only name a server type listed here, so a
+typo or an untested machine never reaches the provider. Capabilities are NVIDIA's
+published compute capabilities; prices are read from configuration, not from here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ServerType:
+    name: str
+    gpu: str | None  # None for CPU-only types
+    gpu_count: int
+    cuda_capability: tuple[int, int] | None
+
+
+_TYPES = [
+    ServerType("RENDER-S", "P100", 1, (6, 0)),
+    ServerType("L4-1-24G", "L4", 1, (8, 9)),
+    ServerType("L4-2-24G", "L4", 2, (8, 9)),
+    ServerType("L4-4-24G", "L4", 4, (8, 9)),
+    ServerType("L4-8-24G", "L4", 8, (8, 9)),
+    ServerType("L40S-1-48G", "L40S", 1, (8, 9)),
+    ServerType("L40S-2-48G", "L40S", 2, (8, 9)),
+    ServerType("L40S-4-48G", "L40S", 4, (8, 9)),
+    ServerType("L40S-8-48G", "L40S", 8, (8, 9)),
+    ServerType("H100-1-80G", "H100-PCIe", 1, (9, 0)),
+    ServerType("H100-2-80G", "H100-PCIe", 2, (9, 0)),
+    ServerType("H100-SXM-2-80G", "H100-SXM", 2, (9, 0)),
+    ServerType("H100-SXM-4-80G", "H100-SXM", 4, (9, 0)),
+    ServerType("H100-SXM-8-80G", "H100-SXM", 8, (9, 0)),
+    # The local provider's "instance" is a subprocess on this machine's CPU.
+    ServerType("local-cpu", None, 0, None),
+]
+
+SERVER_TYPES: dict[str, ServerType] = {t.name: t for t in _TYPES}
+
+# Which compute types a device can run efficiently (CTranslate2's own rules, src/types.cc):
+# float16 needs capability >= 7.0; int8 needs >= 7.0 or exactly 6.1; bfloat16 needs >= 8.0.
+CPU_COMPUTE_TYPES = frozenset({"float32", "int8", "int8_float32"})
+
+
+def supported_compute_types(capability: tuple[int, int] | None) -> frozenset[str]:
+    """Compute types CTranslate2 accepts on a device of this CUDA capability (None = CPU)."""
+    if capability is None:
+        return CPU_COMPUTE_TYPES
+    types = {"float32"}
+    if capability >= (7, 0) or capability == (6, 1):
+        types |= {"int8", "int8_float32"}
+    if capability >= (7, 0):
+        types |= {"float16", "int8_float16"}
+    if capability >= (8, 0):
+        types |= {"bfloat16", "int8_bfloat16"}
+    return frozenset(types)

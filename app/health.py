@@ -1,0 +1,41 @@
+"""Liveness, readiness (database and broker answer) and the OpenAPI document."""
+
+from __future__ import annotations
+
+from flask import Blueprint, Response, jsonify
+
+from app.context import services
+from app.openapi import openapi_document
+
+health_bp = Blueprint("health", __name__)
+
+
+@health_bp.get("/healthz")
+def healthz() -> Response:
+    return jsonify({"status": "ok"})
+
+
+@health_bp.get("/readyz")
+def readyz() -> Response:
+    svc = services()
+    checks: dict[str, str] = {}
+    try:
+        svc.db.ping()
+        checks["database"] = "ok"
+    except Exception as exc:
+        checks["database"] = f"failed: {type(exc).__name__}"
+    try:
+        svc.redis.ping()
+        checks["broker"] = "ok"
+    except Exception as exc:
+        checks["broker"] = f"failed: {type(exc).__name__}"
+    failed = sorted(name for name, state in checks.items() if state != "ok")
+    response = jsonify({"status": "ok" if not failed else "unavailable", "checks": checks})
+    if failed:
+        response.status_code = 503
+    return response
+
+
+@health_bp.get("/openapi.json")
+def openapi() -> Response:
+    return jsonify(openapi_document())

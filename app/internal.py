@@ -1,0 +1,162 @@
+"""The workers' side door: readiness, claims, signed audio downloads, results and failures.
+
+Workers authenticate with their instance credential (see app.auth.authenticate_worker); the
+audio route needs no credential but a signed, expiring URL issued by a successful claim.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Blueprint, Response, jsonify, request, send_file
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from app.auth import authenticate_worker
+from app.context import services
+from app.credentials import sign_audio_url, verify_audio_signature
+from app.errors import ApiError
+from app.jobs import service
+from app.models import Worker, utcnow
+
+internal_bp = Blueprint("internal", __name__, url_prefix="/internal")
+
+# A transcript of hours of audio with words is a few MB; nothing a worker sends is larger.
+MAX_RESULT_BYTES = 32 * 1024 * 1024
+
+
+class _Word(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    word: str
+    start: float = Field(ge=0)
+    end: float = Field(ge=0)
+
+
+class _Segment(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    start: float = Field(ge=0)
+    end: float = Field(ge=0)
+    text: str
+    words: list[_Word] | None = None
+
+
+class _Transcript(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    text: str
+    language: str | None = None
+    duration: float = Field(default=0.0, ge=0)
+    segments: list[_Segment]
+
+
+class _Result(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    transcript: _Transcript
+    processing_seconds: float = Field(ge=0)
+
+
+class _Failure(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    code: str = Field(pattern=r"^[a-z0-9_]{1,64}$")
+    message: str = Field(max_length=2000)
+
+
+class _Ready(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    runtime: dict[str, Any]
+
+
+def _body(model: type[BaseModel]) -> Any:
+    if request.content_length is not None and request.content_length > MAX_RESULT_BYTES:
+        raise ApiError(413, "payload_too_large", "the body is too large")
+    raw = request.get_data(cache=False)
+    if len(raw) > MAX_RESULT_BYTES:
+        raise ApiError(413, "payload_too_large", "the body is too large")
+    try:
+        return model.model_validate_json(raw or b"{}")
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ApiError(400, "invalid_body", f"{where}: {first['msg']}") from None
+
+
+@internal_bp.post("/workers/<worker_id>/<instance_id>/ready")
+def worker_ready(worker_id: str, instance_id: str) -> Response:
+    from app.fleet import readiness
+
+    worker = authenticate_worker(worker_id, instance_id)
+    body: _Ready = _body(_Ready)
+    svc = services()
+    try:
+        profile = svc.settings.profile(worker.profile)
+    except KeyError:
+        raise ApiError(409, "runtime_mismatch", "the worker's profile is no longer configured")
+    problems = readiness.runtime_mismatches(profile, body.runtime)
+    with svc.db.session() as s:
+        row = s.get(Worker, worker.id)
+        assert row is not None
+        if problems:
+            readiness.reject(s, row, problems, utcnow())
+        else:
+            readiness.mark_ready(s, row, body.runtime, utcnow())
+    if problems:
+        raise ApiError(409, "runtime_mismatch", "; ".join(problems))
+    return jsonify({"accepted": True})
+
+
+@internal_bp.post("/workers/<worker_id>/<instance_id>/jobs/<job_id>/claim")
+def claim(worker_id: str, instance_id: str, job_id: str) -> Response:
+    worker = authenticate_worker(worker_id, instance_id)
+    svc = services()
+    job = service.claim_job(svc.db, job_id, worker, svc.settings.fleet.max_attempts)
+    if job is None:
+        raise ApiError(409, "job_not_claimable", f"job {job_id} is not waiting for this worker")
+    query = sign_audio_url(svc.settings.reveal("signing_key"), job.id,
+                           svc.settings.api.signed_url_ttl_seconds)
+    audio_url = f"{svc.settings.api.public_url.rstrip('/')}/internal/audio/{job.id}?{query}"
+    return jsonify(
+        {
+            "job": {
+                "id": job.id,
+                "language": job.language,
+                "prompt": job.prompt,
+                "word_timestamps": job.word_timestamps,
+                "duration_seconds": job.duration_seconds,
+                "audio_url": audio_url,
+            }
+        }
+    )
+
+
+@internal_bp.get("/audio/<job_id>")
+def audio(job_id: str) -> Response:
+    svc = services()
+    expires = request.args.get("expires", "")
+    sig = request.args.get("sig", "")
+    if not verify_audio_signature(svc.settings.reveal("signing_key"), job_id, expires, sig):
+        raise ApiError(403, "invalid_signature", "the audio URL is invalid or has expired")
+    job = service.get_job(svc.db, job_id)
+    if job.audio_key is None:
+        raise ApiError(404, "audio_not_found", "the job has no stored audio")
+    return send_file(svc.storage.open(job.audio_key), mimetype="application/octet-stream")
+
+
+@internal_bp.post("/workers/<worker_id>/<instance_id>/jobs/<job_id>/result")
+def result(worker_id: str, instance_id: str, job_id: str) -> Response:
+    worker = authenticate_worker(worker_id, instance_id)
+    body: _Result = _body(_Result)
+    svc = services()
+    transcript = body.transcript.model_dump(exclude_none=True)
+    stored = service.store_result(svc.db, job_id, worker.id, transcript, body.processing_seconds)
+    if stored:
+        service.announce_finished(svc.redis, svc.celery, service.get_job(svc.db, job_id))
+    return jsonify({"stored": stored})
+
+
+@internal_bp.post("/workers/<worker_id>/<instance_id>/jobs/<job_id>/failure")
+def failure(worker_id: str, instance_id: str, job_id: str) -> Response:
+    worker = authenticate_worker(worker_id, instance_id)
+    body: _Failure = _body(_Failure)
+    svc = services()
+    stored = service.store_failure(svc.db, job_id, worker.id, body.code, body.message)
+    if stored:
+        service.announce_finished(svc.redis, svc.celery, service.get_job(svc.db, job_id))
+    return jsonify({"stored": stored})

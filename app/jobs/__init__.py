@@ -1,0 +1,1 @@
+"""Jobs domain: submission, state transitions, transcripts and their formats."""

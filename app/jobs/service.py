@@ -1,0 +1,391 @@
+"""Job lifecycle: create, route, claim, finish, cancel — every transition a compare-and-set.
+
+A job row is committed before any message about it is sent. A transition only happens from
+the states it is allowed from, in one UPDATE ... WHERE status IN (...), so a redelivered task,
+a second worker or a late cancel can never overwrite a finished job or store a transcript twice.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import redis
+from celery import Celery
+from sqlalchemy import and_, or_, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from app.config import Settings
+from app.db import Database
+from app.errors import ApiError
+from app.models import (
+    FINISHED_STATES,
+    LIVE_WORKER_STATES,
+    Job,
+    JobStatus,
+    ProfileState,
+    Worker,
+    utcnow,
+)
+
+log = logging.getLogger(__name__)
+
+DONE_CHANNEL = "murmur:job-done:"
+ACTIVE_STATES = (JobStatus.DISPATCHED.value, JobStatus.RUNNING.value)
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    owner: str
+    source: str  # "upload" | "url"
+    language: str | None = None
+    prompt: str | None = None
+    word_timestamps: bool = False
+    webhook_url: str | None = None
+    idempotency_key: str | None = None
+    source_url: str | None = None
+    filename: str | None = None
+
+
+def _as_utc(value: datetime | None) -> datetime | None:
+    if value is not None and value.tzinfo is None:  # SQLite drops the zone
+        from datetime import UTC
+
+        return value.replace(tzinfo=UTC)
+    return value
+
+
+def _iso(value: datetime | None) -> str | None:
+    value = _as_utc(value)
+    return value.isoformat().replace("+00:00", "Z") if value else None
+
+
+def job_json(job: Job) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "id": job.id,
+        "object": "transcription.job",
+        "status": job.status,
+        "profile": job.profile,
+        "source": job.source,
+        "filename": job.filename,
+        "size_bytes": job.size_bytes,
+        "duration_seconds": job.duration_seconds,
+        "language": job.language,
+        "word_timestamps": job.word_timestamps,
+        "webhook_url": job.webhook_url,
+        "webhook_status": job.webhook_status,
+        "attempts": job.attempts,
+        "created_at": _iso(job.created_at),
+        "dispatched_at": _iso(job.dispatched_at),
+        "started_at": _iso(job.started_at),
+        "finished_at": _iso(job.finished_at),
+        "processing_seconds": job.processing_seconds,
+        "error": (
+            {"code": job.error_code, "message": job.error_message} if job.error_code else None
+        ),
+        "links": {
+            "self": f"/v1/jobs/{job.id}",
+            "transcript": f"/v1/jobs/{job.id}/transcript",
+        },
+    }
+    if job.status == JobStatus.SUCCEEDED.value and job.transcript is not None:
+        body["text"] = job.transcript.get("text", "")
+    return body
+
+
+def find_idempotent(db: Database, owner: str, key: str) -> Job | None:
+    with db.session() as s:
+        return s.execute(
+            select(Job).where(Job.owner == owner, Job.idempotency_key == key)
+        ).scalar_one_or_none()
+
+
+def insert_job(db: Database, req: JobRequest, **fields: Any) -> tuple[Job, bool]:
+    """Commit a new job row; (job, created). An idempotency key already used returns that job."""
+    job = Job(
+        owner=req.owner,
+        source=req.source,
+        source_url=req.source_url,
+        filename=req.filename,
+        language=req.language,
+        prompt=req.prompt,
+        word_timestamps=req.word_timestamps,
+        webhook_url=req.webhook_url,
+        webhook_status="pending" if req.webhook_url else None,
+        idempotency_key=req.idempotency_key,
+        status=JobStatus.QUEUED.value,
+        **fields,
+    )
+    try:
+        with db.session() as s:
+            s.add(job)
+    except IntegrityError:
+        if req.idempotency_key is None:
+            raise
+        existing = find_idempotent(db, req.owner, req.idempotency_key)
+        if existing is None:
+            raise
+        return existing, False
+    return job, True
+
+
+def get_job(db: Database, job_id: str, owner: str | None = None) -> Job:
+    with db.session() as s:
+        job = s.get(Job, job_id)
+    if job is None or (owner is not None and job.owner != owner):
+        raise ApiError(404, "job_not_found", f"no job with id {job_id}")
+    return job
+
+
+def routable_profile(session: Session, settings: Settings, now: datetime) -> str | None:
+    """The first enabled profile, in allowlist order, that has a live worker and no back-off.
+
+    Submissions use it to dispatch at once when a worker is warm; everything else waits for the
+    reconcile, which provisions workers and re-routes.
+    """
+    live = {
+        row[0]
+        for row in session.execute(
+            select(Worker.profile).where(Worker.state.in_(LIVE_WORKER_STATES)).distinct()
+        )
+    }
+    backoff = {
+        row.name: _as_utc(row.backoff_until)
+        for row in session.execute(select(ProfileState)).scalars()
+    }
+    for profile in settings.enabled_profiles:
+        until = backoff.get(profile.name)
+        if until is not None and until > now:
+            continue
+        if profile.name in live:
+            return profile.name
+    return None
+
+
+def try_dispatch_now(db: Database, settings: Settings, celery: Celery, job_id: str) -> bool:
+    from tasks.dispatch import dispatch_job
+
+    with db.session() as s:
+        profile = routable_profile(s, settings, utcnow())
+    if profile is None:
+        return False
+    return dispatch_job(db, celery, job_id, profile)
+
+
+def list_jobs(
+    db: Database, owner: str, status: str | None, limit: int, cursor: tuple[datetime, str] | None
+) -> list[Job]:
+    query = select(Job).where(Job.owner == owner)
+    if status:
+        query = query.where(Job.status == status)
+    if cursor is not None:
+        created, job_id = cursor
+        query = query.where(
+            or_(Job.created_at < created, and_(Job.created_at == created, Job.id < job_id))
+        )
+    query = query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit)
+    with db.session() as s:
+        return list(s.execute(query).scalars())
+
+
+def _finish(
+    db: Database, job_id: str, from_states: tuple[str, ...], values: dict[str, Any]
+) -> bool:
+    with db.session() as s:
+        moved = s.execute(
+            update(Job).where(Job.id == job_id, Job.status.in_(from_states)).values(**values)
+        ).rowcount
+    return bool(moved)
+
+
+def cancel_job(db: Database, job_id: str, owner: str) -> Job:
+    job = get_job(db, job_id, owner)
+    cancellable = (JobStatus.QUEUED.value, *ACTIVE_STATES)
+    done = _finish(
+        db,
+        job_id,
+        cancellable,
+        {
+            "status": JobStatus.CANCELLED.value,
+            "finished_at": utcnow(),
+            "error_code": "cancelled",
+            "error_message": "cancelled by the client",
+        },
+    )
+    if not done:
+        job = get_job(db, job_id, owner)
+        raise ApiError(
+            409, "job_finished", f"job {job_id} has already finished with status {job.status}"
+        )
+    return get_job(db, job_id, owner)
+
+
+def claim_job(db: Database, job_id: str, worker: Worker, max_attempts: int) -> Job | None:
+    """Hand the job to this worker if it is still meant for the worker's profile.
+
+    A redelivered task for a job already running (its worker died) may be claimed again until
+    `max_attempts`; after that the job fails instead of looping forever.
+    """
+    now = utcnow()
+    with db.session() as s:
+        job = s.get(Job, job_id)
+        if job is None or job.status not in ACTIVE_STATES or job.profile != worker.profile:
+            return None
+        if job.attempts >= max_attempts:
+            s.execute(
+                update(Job)
+                .where(Job.id == job_id, Job.status.in_(ACTIVE_STATES))
+                .values(
+                    status=JobStatus.FAILED.value,
+                    finished_at=now,
+                    error_code="too_many_attempts",
+                    error_message=f"the job was started {job.attempts} times without finishing",
+                )
+            )
+            return None
+        moved = s.execute(
+            update(Job)
+            .where(Job.id == job_id, Job.status.in_(ACTIVE_STATES), Job.attempts == job.attempts)
+            .values(
+                status=JobStatus.RUNNING.value,
+                worker_id=worker.id,
+                started_at=now,
+                attempts=job.attempts + 1,
+            )
+        ).rowcount
+        if not moved:
+            return None
+        s.execute(
+            update(Worker)
+            .where(Worker.id == worker.id)
+            .values(
+                current_job_id=job_id,
+                idle_since=None,
+                last_seen_at=now,
+                first_job_at=worker.first_job_at or now,
+            )
+        )
+    return get_job(db, job_id)
+
+
+def _release_worker(db: Database, worker_id: str, job_id: str) -> None:
+    now = utcnow()
+    with db.session() as s:
+        worker = s.get(Worker, worker_id)
+        if worker is None:
+            return
+        if worker.current_job_id == job_id:
+            worker.current_job_id = None
+            worker.idle_since = now
+        worker.jobs_done = (worker.jobs_done or 0) + 1
+        worker.last_seen_at = now
+
+
+def store_result(
+    db: Database, job_id: str, worker_id: str, transcript: dict[str, Any], seconds: float
+) -> bool:
+    """Store the transcript once; False when the job had already finished (or was cancelled)."""
+    stored = _finish(
+        db,
+        job_id,
+        ACTIVE_STATES,
+        {
+            "status": JobStatus.SUCCEEDED.value,
+            "transcript": transcript,
+            "processing_seconds": seconds,
+            "finished_at": utcnow(),
+            "error_code": None,
+            "error_message": None,
+        },
+    )
+    _release_worker(db, worker_id, job_id)
+    return stored
+
+
+def store_failure(db: Database, job_id: str, worker_id: str, code: str, message: str) -> bool:
+    stored = _finish(
+        db,
+        job_id,
+        ACTIVE_STATES,
+        {
+            "status": JobStatus.FAILED.value,
+            "finished_at": utcnow(),
+            "error_code": code,
+            "error_message": message,
+        },
+    )
+    _release_worker(db, worker_id, job_id)
+    return stored
+
+
+def fail_job(db: Database, job_id: str, code: str, message: str) -> bool:
+    """Fail a job the control plane itself gave up on (URL fetch failed, no profile left...)."""
+    return _finish(
+        db,
+        job_id,
+        (JobStatus.QUEUED.value, *ACTIVE_STATES),
+        {
+            "status": JobStatus.FAILED.value,
+            "finished_at": utcnow(),
+            "error_code": code,
+            "error_message": message,
+        },
+    )
+
+
+def announce_finished(r: redis.Redis, celery: Celery, job: Job) -> None:
+    """Wake synchronous waiters and queue the webhook; neither may fail the caller."""
+    try:
+        r.publish(DONE_CHANNEL + job.id, job.status)
+    except redis.RedisError as exc:
+        log.warning("could not publish completion of %s: %s", job.id, type(exc).__name__)
+    if job.webhook_url:
+        try:
+            celery.send_task("murmur.control.deliver_webhook", args=[job.id], queue="control")
+        except Exception as exc:
+            log.warning("could not queue webhook for %s: %s", job.id, type(exc).__name__)
+
+
+def wait_until_finished(
+    db: Database, r: redis.Redis, job_id: str, timeout: float, poll_seconds: float = 1.0
+) -> Job:
+    """Block until the job finishes or `timeout` passes; returns the job as last read."""
+    deadline = utcnow() + timedelta(seconds=timeout)
+    pubsub = r.pubsub(ignore_subscribe_messages=True)
+    try:
+        pubsub.subscribe(DONE_CHANNEL + job_id)
+        while True:
+            job = get_job(db, job_id)
+            if job.status in FINISHED_STATES:
+                return job
+            left = (deadline - utcnow()).total_seconds()
+            if left <= 0:
+                return job
+            pubsub.get_message(timeout=min(poll_seconds, left))
+    finally:
+        pubsub.close()
+
+
+def cursor_encode(job: Job) -> str:
+    import base64
+
+    created = _as_utc(job.created_at)
+    raw = json.dumps([created.isoformat() if created else "", job.id])
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def cursor_decode(value: str) -> tuple[datetime, str]:
+    import base64
+
+    try:
+        padded = value + "=" * (-len(value) % 4)
+        created, job_id = json.loads(base64.urlsafe_b64decode(padded.encode()))
+        parsed = _as_utc(datetime.fromisoformat(created))
+        assert parsed is not None
+        return parsed, str(job_id)
+    except (ValueError, TypeError, AssertionError) as exc:
+        raise ApiError(400, "invalid_cursor", "cursor is not one this API returned") from exc

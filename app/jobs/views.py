@@ -1,0 +1,354 @@
+"""HTTP surface of the jobs domain: /v1/jobs and the OpenAI-compatible /v1/audio/transcriptions."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from flask import Blueprint, Response, g, jsonify, request
+from werkzeug.datastructures import FileStorage
+
+from app.audio import probe_audio
+from app.auth import require_api_token
+from app.context import Services, services
+from app.errors import ApiError
+from app.jobs import service
+from app.jobs.formats import FORMATS, render
+from app.languages import WHISPER_LANGUAGES, is_english_only
+from app.models import JobStatus
+from app.urls import check_url
+
+log = logging.getLogger(__name__)
+
+jobs_bp = Blueprint("jobs", __name__)
+
+OPENAI_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
+_JSON_FIELDS = {"url", "language", "webhook_url", "word_timestamps", "prompt"}
+_FORM_FIELDS = {"language", "webhook_url", "word_timestamps", "prompt"}
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _language(value: Any, svc: Services) -> str | None:
+    if value is None or value == "":
+        return svc.settings.default_language
+    if not isinstance(value, str) or value.lower() not in WHISPER_LANGUAGES:
+        raise ApiError(
+            400,
+            "invalid_language",
+            f"language {value!r} is not an ISO 639-1 code Whisper knows (e.g. 'en', 'fr')",
+        )
+    code = value.lower()
+    models = {p.model for p in svc.settings.enabled_profiles}
+    if code != "en" and models and all(is_english_only(m) for m in models):
+        raise ApiError(
+            400,
+            "unsupported_language",
+            f"language {code!r} is not supported: the configured models are English-only",
+        )
+    return code
+
+
+def _flag(value: Any, name: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if value is None:
+        return False
+    if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
+        return value.lower() in _TRUE
+    raise ApiError(400, "invalid_parameter", f"{name} must be true or false")
+
+
+def _text(value: Any, name: str, limit: int) -> str | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or len(value) > limit:
+        raise ApiError(
+            400, "invalid_parameter", f"{name} must be a string of at most {limit} characters"
+        )
+    return value
+
+
+def _webhook(value: Any, svc: Services) -> str | None:
+    if value is None or value == "":
+        return None
+    if not svc.settings.reveal("webhook_secret"):
+        raise ApiError(
+            400, "webhooks_disabled", "webhooks are disabled: MURMUR_WEBHOOK_SECRET is not set"
+        )
+    allow = svc.settings.api.allow_private_urls
+    return check_url(value, field="webhook_url", allow_private=allow).url
+
+
+def _idempotency_key() -> str | None:
+    key = request.headers.get("Idempotency-Key")
+    if key is None:
+        return None
+    if not key or len(key) > 255:
+        raise ApiError(400, "invalid_idempotency_key", "Idempotency-Key must be 1-255 characters")
+    return key
+
+
+def _accepted(job_json: dict[str, Any], created: bool) -> Response:
+    response = jsonify(job_json)
+    response.status_code = 202
+    response.headers["Location"] = f"/v1/jobs/{job_json['id']}"
+    if not created:
+        response.headers["Idempotent-Replayed"] = "true"
+    return response
+
+
+def _save_upload(svc: Services, upload: FileStorage) -> tuple[Path, int, float]:
+    """Stream the upload to a staging file, enforce the size cap, probe it. (path, size, secs)."""
+    staged = svc.storage.staging_path()
+    try:
+        upload.save(str(staged))
+        size = staged.stat().st_size
+        if size > svc.settings.api.max_upload_bytes:
+            raise ApiError(
+                413,
+                "payload_too_large",
+                f"the file is {size} bytes; the limit is {svc.settings.api.max_upload_bytes}",
+            )
+        info = probe_audio(staged, svc.settings.api.max_audio_seconds)
+    except BaseException:
+        staged.unlink(missing_ok=True)
+        raise
+    return staged, size, info.duration_seconds
+
+
+def _form_upload(svc: Services, allowed_fields: set[str]) -> tuple[FileStorage, dict[str, Any]]:
+    unknown = set(request.form) - allowed_fields
+    if unknown:
+        raise ApiError(400, "unknown_field", f"unknown form field(s): {', '.join(sorted(unknown))}")
+    upload = request.files.get("file")
+    if upload is None:
+        raise ApiError(400, "missing_file", "send the audio as a multipart form field named 'file'")
+    return upload, request.form.to_dict()
+
+
+def create_upload_job(
+    svc: Services, upload: FileStorage, fields: dict[str, Any], owner: str, key: str | None
+) -> tuple[dict[str, Any], bool]:
+    req = service.JobRequest(
+        owner=owner,
+        source="upload",
+        language=_language(fields.get("language"), svc),
+        prompt=_text(fields.get("prompt"), "prompt", 2000),
+        word_timestamps=_flag(fields.get("word_timestamps"), "word_timestamps"),
+        webhook_url=_webhook(fields.get("webhook_url"), svc),
+        idempotency_key=key,
+        filename=(upload.filename or "")[:255] or None,
+    )
+    if key is not None:
+        existing = service.find_idempotent(svc.db, owner, key)
+        if existing is not None:
+            return service.job_json(existing), False
+    staged, size, duration = _save_upload(svc, upload)
+    audio_key = staged.name + ".audio"
+    svc.storage.commit(staged, audio_key)
+    job, created = service.insert_job(
+        svc.db, req, audio_key=audio_key, size_bytes=size, duration_seconds=duration
+    )
+    if not created:
+        svc.storage.delete(audio_key)
+        return service.job_json(job), False
+    service.try_dispatch_now(svc.db, svc.settings, svc.celery, job.id)
+    return service.job_json(service.get_job(svc.db, job.id)), True
+
+
+def _create_url_job(
+    svc: Services, body: dict[str, Any], owner: str, key: str | None
+) -> tuple[dict[str, Any], bool]:
+    unknown = set(body) - _JSON_FIELDS
+    if unknown:
+        raise ApiError(400, "unknown_field", f"unknown field(s): {', '.join(sorted(unknown))}")
+    if "url" not in body:
+        raise ApiError(400, "missing_url", "send JSON {\"url\": \"https://...\"} or upload a file")
+    checked = check_url(body["url"], allow_private=svc.settings.api.allow_private_urls)
+    req = service.JobRequest(
+        owner=owner,
+        source="url",
+        source_url=checked.url,
+        language=_language(body.get("language"), svc),
+        prompt=_text(body.get("prompt"), "prompt", 2000),
+        word_timestamps=_flag(body.get("word_timestamps"), "word_timestamps"),
+        webhook_url=_webhook(body.get("webhook_url"), svc),
+        idempotency_key=key,
+        filename=Path(checked.url.split("?", 1)[0]).name[:255] or None,
+    )
+    job, created = service.insert_job(svc.db, req)
+    if created:
+        try:
+            svc.celery.send_task(
+                "murmur.control.fetch_audio", args=[job.id], queue="control", retry=False
+            )
+        except Exception as exc:
+            # Nothing of the client's is stored yet: refuse cleanly rather than keep a job
+            # that nobody will fetch.
+            service.fail_job(svc.db, job.id, "broker_unavailable", "the queue was unavailable")
+            raise ApiError(
+                503,
+                "broker_unavailable",
+                "the job queue is unavailable; retry shortly",
+                headers={"Retry-After": "5"},
+            ) from exc
+    return service.job_json(job), created
+
+
+@jobs_bp.post("/v1/jobs")
+@require_api_token
+def create_job() -> Response:
+    svc = services()
+    key = _idempotency_key()
+    if request.mimetype == "application/json":
+        body = request.get_json(silent=True)
+        if not isinstance(body, dict):
+            raise ApiError(400, "invalid_json", "the request body is not a JSON object")
+        job, created = _create_url_job(svc, body, g.owner, key)
+    elif request.mimetype == "multipart/form-data":
+        upload, fields = _form_upload(svc, _FORM_FIELDS)
+        job, created = create_upload_job(svc, upload, fields, g.owner, key)
+    else:
+        raise ApiError(
+            415,
+            "unsupported_media_type",
+            "send multipart/form-data with a 'file' field, or application/json with a 'url'",
+        )
+    return _accepted(job, created)
+
+
+@jobs_bp.get("/v1/jobs/<job_id>")
+@require_api_token
+def get_job(job_id: str) -> Response:
+    return jsonify(service.job_json(service.get_job(services().db, job_id, g.owner)))
+
+
+@jobs_bp.get("/v1/jobs")
+@require_api_token
+def list_jobs() -> Response:
+    status = request.args.get("status") or None
+    if status is not None and status not in {s.value for s in JobStatus}:
+        raise ApiError(
+            400,
+            "invalid_status",
+            f"status must be one of {', '.join(s.value for s in JobStatus)}",
+        )
+    try:
+        limit = int(request.args.get("limit", "20"))
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= 100:
+        raise ApiError(400, "invalid_limit", "limit must be an integer from 1 to 100")
+    raw_cursor = request.args.get("cursor")
+    cursor = service.cursor_decode(raw_cursor) if raw_cursor else None
+    jobs = service.list_jobs(services().db, g.owner, status, limit + 1, cursor)
+    page, more = jobs[:limit], len(jobs) > limit
+    return jsonify(
+        {
+            "object": "list",
+            "data": [service.job_json(j) for j in page],
+            "next_cursor": service.cursor_encode(page[-1]) if more else None,
+        }
+    )
+
+
+@jobs_bp.delete("/v1/jobs/<job_id>")
+@require_api_token
+def cancel_job(job_id: str) -> Response:
+    svc = services()
+    job = service.cancel_job(svc.db, job_id, g.owner)
+    service.announce_finished(svc.redis, svc.celery, job)
+    return jsonify(service.job_json(job))
+
+
+@jobs_bp.get("/v1/jobs/<job_id>/transcript")
+@require_api_token
+def get_transcript(job_id: str) -> Response:
+    fmt = request.args.get("format", "json")
+    if fmt not in FORMATS:
+        raise ApiError(
+            400, "invalid_format", f"format must be one of {', '.join(f for f in FORMATS)}"
+        )
+    job = service.get_job(services().db, job_id, g.owner)
+    if job.status != JobStatus.SUCCEEDED.value or job.transcript is None:
+        if job.status in (JobStatus.FAILED.value, JobStatus.CANCELLED.value):
+            raise ApiError(
+                409,
+                "job_not_succeeded",
+                f"job {job_id} ended with status {job.status}; it has no transcript",
+            )
+        raise ApiError(
+            409, "job_not_finished", f"job {job_id} is {job.status}; the transcript is not ready"
+        )
+    body, media_type = render(job.transcript, fmt)
+    return Response(body, mimetype=media_type.split(";")[0], content_type=media_type)
+
+
+@jobs_bp.post("/v1/audio/transcriptions")
+@require_api_token
+def openai_transcriptions() -> Response:
+    """OpenAI-compatible synchronous transcription: submit, wait, answer in the asked format."""
+    svc = services()
+    if request.mimetype != "multipart/form-data":
+        raise ApiError(415, "unsupported_media_type", "send multipart/form-data")
+    allowed = {
+        "model",
+        "language",
+        "prompt",
+        "response_format",
+        "temperature",
+        "timestamp_granularities[]",
+        "stream",
+    }
+    upload, _ = _form_upload(svc, allowed)
+    fmt = request.form.get("response_format") or "json"
+    if fmt not in OPENAI_FORMATS:
+        raise ApiError(
+            400,
+            "invalid_response_format",
+            f"response_format must be one of {', '.join(OPENAI_FORMATS)}",
+        )
+    granularities = set(request.form.getlist("timestamp_granularities[]"))
+    if granularities - {"word", "segment"}:
+        raise ApiError(
+            400, "invalid_parameter", "timestamp_granularities[] accepts 'word' and 'segment'"
+        )
+    fields = {
+        "language": request.form.get("language"),
+        "prompt": request.form.get("prompt"),
+        "word_timestamps": "true" if "word" in granularities else "false",
+    }
+    job, _ = create_upload_job(svc, upload, fields, g.owner, _idempotency_key())
+    finished = service.wait_until_finished(
+        svc.db, svc.redis, job["id"], svc.settings.api.sync_timeout_seconds
+    )
+    if finished.status == JobStatus.SUCCEEDED.value and finished.transcript is not None:
+        transcript = finished.transcript
+        if fmt == "verbose_json" and "word" not in granularities:
+            transcript = {**transcript, "segments": [
+                {k: v for k, v in seg.items() if k != "words"}
+                for seg in transcript.get("segments", [])
+            ]}
+        body, media_type = render(transcript, "text" if fmt == "text" else fmt)
+        response = Response(body, content_type=media_type)
+        response.headers["X-Murmur-Job-Id"] = finished.id
+        return response
+    if finished.status in (JobStatus.FAILED.value, JobStatus.CANCELLED.value):
+        raise ApiError(
+            422 if finished.error_code == "audio_decode_failed" else 500,
+            finished.error_code or "transcription_failed",
+            finished.error_message or "the transcription failed",
+            extra={"job_id": finished.id},
+            headers={"x-should-retry": "false"},
+        )
+    raise ApiError(
+        504,
+        "timeout",
+        f"the transcription did not finish within {svc.settings.api.sync_timeout_seconds:.0f} s; "
+        f"poll GET /v1/jobs/{finished.id}",
+        extra={"job_id": finished.id},
+        # The official client retries 5xx answers; a retry would submit the audio again.
+        headers={"x-should-retry": "false", "Location": f"/v1/jobs/{finished.id}"},
+    )

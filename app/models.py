@@ -1,0 +1,132 @@
+"""Tables of record: jobs, workers and per-profile fleet state."""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, DateTime, Float, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column
+
+from app.db import Base
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+class JobStatus(enum.StrEnum):
+    QUEUED = "queued"
+    DISPATCHED = "dispatched"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
+
+
+FINISHED_STATES = tuple(s.value for s in JobStatus if s.finished)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (UniqueConstraint("owner", "idempotency_key", name="uq_jobs_idempotency"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("job"))
+    status: Mapped[str] = mapped_column(String(16), index=True, default=JobStatus.QUEUED.value)
+    # The profile whose queue the job waits on or ran on; re-routing changes it.
+    profile: Mapped[str | None] = mapped_column(String(40), index=True)
+    owner: Mapped[str] = mapped_column(String(64))  # sha256 of the API token that created it
+    idempotency_key: Mapped[str | None] = mapped_column(String(255))
+    source: Mapped[str] = mapped_column(String(8))  # "upload" | "url"
+    source_url: Mapped[str | None] = mapped_column(Text)
+    audio_key: Mapped[str | None] = mapped_column(String(255))
+    filename: Mapped[str | None] = mapped_column(String(255))
+    size_bytes: Mapped[int | None] = mapped_column(Integer)
+    duration_seconds: Mapped[float | None] = mapped_column(Float)
+    language: Mapped[str | None] = mapped_column(String(8))
+    prompt: Mapped[str | None] = mapped_column(Text)
+    word_timestamps: Mapped[bool] = mapped_column(default=False)
+    webhook_url: Mapped[str | None] = mapped_column(Text)
+    webhook_status: Mapped[str | None] = mapped_column(String(16))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    worker_id: Mapped[str | None] = mapped_column(String(40))
+    error_code: Mapped[str | None] = mapped_column(String(64))
+    error_message: Mapped[str | None] = mapped_column(Text)
+    transcript: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    processing_seconds: Mapped[float | None] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), default=utcnow, onupdate=utcnow
+    )
+    dispatched_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class WorkerState(enum.StrEnum):
+    REQUESTED = "requested"  # decided by the planner, provider call not made yet
+    CREATING = "creating"  # provider create/power-on in progress
+    BOOTING = "booting"  # instance exists, worker has not reported ready
+    READY = "ready"  # runtime accepted, consuming its profile's queue
+    DRAINING = "draining"
+    DELETING = "deleting"  # delete requested, not yet confirmed by the provider
+    DELETED = "deleted"
+    FAILED = "failed"
+
+
+LIVE_WORKER_STATES = (
+    WorkerState.REQUESTED.value,
+    WorkerState.CREATING.value,
+    WorkerState.BOOTING.value,
+    WorkerState.READY.value,
+    WorkerState.DRAINING.value,
+)
+
+
+class Worker(Base):
+    __tablename__ = "workers"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("wrk"))
+    profile: Mapped[str] = mapped_column(String(40), index=True)
+    provider: Mapped[str] = mapped_column(String(16))
+    instance_id: Mapped[str | None] = mapped_column(String(64), index=True)
+    state: Mapped[str] = mapped_column(String(16), index=True, default=WorkerState.REQUESTED.value)
+    hourly_cost_eur: Mapped[float] = mapped_column(Float, default=0.0)
+    runtime: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    error: Mapped[str | None] = mapped_column(Text)
+    # Provider resources to remove on teardown (flexible IP ids, block volume ids).
+    resources: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    current_job_id: Mapped[str | None] = mapped_column(String(40))
+    jobs_done: Mapped[int] = mapped_column(Integer, default=0)
+    requested_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    created_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    booted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    ready_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    first_job_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    idle_since: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    last_seen_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    delete_requested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    deleted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class ProfileState(Base):
+    """What the fleet learned about a profile: back-off after out-of-stock, last error."""
+
+    __tablename__ = "profile_state"
+
+    name: Mapped[str] = mapped_column(String(40), primary_key=True)
+    backoff_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    consecutive_stockouts: Mapped[int] = mapped_column(Integer, default=0)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    last_error_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    availability: Mapped[str | None] = mapped_column(String(16))

@@ -1,0 +1,56 @@
+"""The control plane's Celery app: broker settings, reliability options, beat schedule.
+
+The same broker carries the `control` queue (reconcile, URL fetches, webhooks) and one
+`transcribe.<profile>` queue per profile, which only GPU workers consume.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+
+from app.config import Settings, load_settings
+
+CONTROL_QUEUE = "control"
+TRANSCRIBE_TASK = "murmur.transcribe"
+
+# Longer than any job can take: kombu re-delivers an unacked message after this many seconds.
+VISIBILITY_TIMEOUT_SECONDS = 4 * 3600
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    return {
+        "broker_url": settings.redis_url,
+        "broker_connection_retry_on_startup": True,
+        "broker_transport_options": {"visibility_timeout": VISIBILITY_TIMEOUT_SECONDS},
+        "visibility_timeout": VISIBILITY_TIMEOUT_SECONDS,
+        "task_ignore_result": True,
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
+        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        "task_default_queue": CONTROL_QUEUE,
+        "task_routes": {"murmur.control.*": {"queue": CONTROL_QUEUE}},
+        "beat_schedule": {
+            "reconcile": {
+                "task": "murmur.control.reconcile",
+                "schedule": settings.fleet.reconcile_interval_seconds,
+                "options": {"queue": CONTROL_QUEUE, "expires": settings.fleet.reconcile_interval_seconds},
+            }
+        },
+        "timezone": "UTC",
+    }
+
+
+def make_celery(settings: Settings) -> Celery:
+    app = Celery("murmur")
+    app.conf.update(celery_config(settings))
+    return app
+
+
+celery_app = make_celery(load_settings())
+# Task modules register themselves on import; the worker imports them at start.
+celery_app.conf.include = ["tasks.jobs", "tasks.control"]

@@ -1,0 +1,160 @@
+"""Control-queue tasks of the jobs domain: fetching URL inputs and delivering webhooks."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import time
+from typing import Any
+
+import requests
+from celery import Task
+
+from app.audio import probe_audio
+from app.errors import ApiError
+from app.jobs import service
+from app.models import JobStatus
+from app.storage import LocalAudioStore
+from app.urls import check_url, pinned_session
+from tasks import context
+from tasks.celery_app import celery_app
+
+log = logging.getLogger(__name__)
+
+FETCH_TIMEOUT = (5.0, 30.0)  # connect, read (per chunk)
+WEBHOOK_TIMEOUT = (5.0, 10.0)
+WEBHOOK_MAX_RETRIES = 6  # back-off 2, 4, ... 64 s: about two minutes in all
+SIGNATURE_HEADER = "X-Murmur-Signature"
+
+
+def _store() -> LocalAudioStore:
+    return LocalAudioStore(context.settings().storage_path)
+
+
+@celery_app.task(name="murmur.control.fetch_audio", acks_late=True, ignore_result=True)
+def fetch_audio(job_id: str) -> None:
+    """Download a URL job's audio (SSRF-checked, size-capped), store it, then dispatch it."""
+    settings = context.settings()
+    db = context.database()
+    job = service.get_job(db, job_id)
+    if job.status != JobStatus.QUEUED.value or job.audio_key is not None or not job.source_url:
+        return  # redelivered after success, or cancelled meanwhile
+    store = _store()
+    staged = store.staging_path()
+    limit = settings.api.max_upload_bytes
+    try:
+        checked = check_url(job.source_url, allow_private=settings.api.allow_private_urls)
+        with pinned_session(checked) as http:
+            response = http.get(checked.url, stream=True, timeout=FETCH_TIMEOUT,
+                                allow_redirects=False)
+            if response.status_code != 200:
+                raise ApiError(422, "url_fetch_failed",
+                               f"the URL answered HTTP {response.status_code}")
+            declared = response.headers.get("Content-Length")
+            if declared is not None and declared.isdigit() and int(declared) > limit:
+                raise ApiError(413, "url_too_large",
+                               f"the URL's content is larger than the limit of {limit} bytes")
+            size = 0
+            with staged.open("wb") as out:
+                for chunk in response.iter_content(chunk_size=256 * 1024):
+                    size += len(chunk)
+                    if size > limit:
+                        raise ApiError(413, "url_too_large",
+                                       f"the URL's content is larger than the limit of {limit} "
+                                       "bytes")
+                    out.write(chunk)
+        info = probe_audio(staged, settings.api.max_audio_seconds)
+    except ApiError as err:
+        staged.unlink(missing_ok=True)
+        code = "url_not_audio" if err.code in ("invalid_audio", "empty_file") else err.code
+        message = err.message if code != "url_not_audio" else f"the URL's content: {err.message}"
+        _fail(job_id, code, message)
+        return
+    except requests.RequestException as exc:
+        staged.unlink(missing_ok=True)
+        _fail(job_id, "url_fetch_failed", f"fetching the URL failed: {type(exc).__name__}")
+        return
+    key = staged.name + ".audio"
+    store.commit(staged, key)
+    from sqlalchemy import update
+
+    from app.models import Job
+
+    with db.session() as s:
+        moved = s.execute(
+            update(Job)
+            .where(Job.id == job_id, Job.status == JobStatus.QUEUED.value, Job.audio_key.is_(None))
+            .values(audio_key=key, size_bytes=size, duration_seconds=info.duration_seconds)
+        ).rowcount
+    if not moved:
+        store.delete(key)
+        return
+    service.try_dispatch_now(db, settings, celery_app, job_id)
+
+
+def _fail(job_id: str, code: str, message: str) -> None:
+    db = context.database()
+    if service.fail_job(db, job_id, code, message):
+        service.announce_finished(context.redis_client(), celery_app, service.get_job(db, job_id))
+
+
+def webhook_payload(job: Any) -> dict[str, Any]:
+    body = service.job_json(job)
+    body["event"] = f"job.{job.status}"
+    return body
+
+
+def sign_webhook(secret: str, timestamp: int, body: bytes) -> str:
+    """`t=<unix time>,v1=<hex HMAC-SHA256 of "<t>.<body>">`: receivers verify and reject replays."""
+    mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+    return f"t={timestamp},v1={mac}"
+
+
+@celery_app.task(
+    name="murmur.control.deliver_webhook", bind=True, acks_late=True, ignore_result=True,
+    max_retries=WEBHOOK_MAX_RETRIES,
+)
+def deliver_webhook(self: Task, job_id: str) -> None:
+    settings = context.settings()
+    db = context.database()
+    job = service.get_job(db, job_id)
+    if not job.webhook_url or job.webhook_status == "delivered":
+        return
+    body = json.dumps(webhook_payload(job), separators=(",", ":")).encode()
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": "murmur-webhook/1",
+        SIGNATURE_HEADER: sign_webhook(settings.reveal("webhook_secret"), int(time.time()), body),
+    }
+    try:
+        checked = check_url(job.webhook_url, field="webhook_url",
+                            allow_private=settings.api.allow_private_urls)
+        with pinned_session(checked) as http:
+            response = http.post(checked.url, data=body, headers=headers, timeout=WEBHOOK_TIMEOUT,
+                                 allow_redirects=False)
+        ok = 200 <= response.status_code < 300
+        reason = f"HTTP {response.status_code}"
+    except ApiError as err:
+        ok, reason = False, err.code
+    except requests.RequestException as exc:
+        ok, reason = False, type(exc).__name__
+    _set_webhook_status(job_id, "delivered" if ok else "retrying")
+    if ok:
+        return
+    if self.request.retries >= WEBHOOK_MAX_RETRIES:
+        log.warning("webhook for %s gave up after %d tries (%s)", job_id,
+                    self.request.retries + 1, reason)
+        _set_webhook_status(job_id, "failed")
+        return
+    raise self.retry(countdown=2 ** (self.request.retries + 1))
+
+
+def _set_webhook_status(job_id: str, status: str) -> None:
+    from sqlalchemy import update
+
+    from app.models import Job
+
+    with context.database().session() as s:
+        s.execute(update(Job).where(Job.id == job_id).values(webhook_status=status))

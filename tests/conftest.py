@@ -1,0 +1,280 @@
+"""Shared fixtures: real Redis, real PostgreSQL and SQLite, settings, the API, live processes.
+
+Redis tests use database 15 (override with MURMUR_TEST_REDIS_URL) and flush it; PostgreSQL
+tests create a throw-away database on the server named by MURMUR_TEST_POSTGRES_URL.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import redis
+import requests
+from werkzeug.serving import make_server
+
+from app import create_app
+from app.config import Settings, load_settings
+from app.db import Database
+from app.fleet.cloudinit import worker_environment
+from app.migrate import upgrade
+from app.models import Worker, WorkerState, utcnow
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+REDIS_URL = os.environ.get("MURMUR_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+POSTGRES_URL = os.environ.get(
+    "MURMUR_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
+
+API_TOKEN = "test-api-token-" + "a" * 32
+OTHER_TOKEN = "test-api-token-" + "b" * 32
+SIGNING_KEY = "test-signing-key-" + "c" * 32
+WEBHOOK_SECRET = "test-webhook-secret-" + "d" * 32
+ADMIN_TOKEN = "test-admin-token-" + "e" * 32
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        pytest.fail(f"Redis at {REDIS_URL} does not answer ({exc}); .ci/run starts one")
+    return REDIS_URL
+
+
+@pytest.fixture()
+def clean_redis(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    client.flushdb()
+    yield client
+    client.flushdb()
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> str:
+    try:
+        with psycopg.connect(POSTGRES_URL, connect_timeout=3):
+            pass
+    except psycopg.Error as exc:
+        pytest.fail(f"PostgreSQL at {POSTGRES_URL} does not answer ({exc}); .ci/run starts one")
+    return POSTGRES_URL
+
+
+def _postgres_database(server: str) -> Iterator[str]:
+    name = f"murmur_test_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    base = server.rsplit("/", 1)[0]
+    yield f"{base}/{name}"
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """Each test using it runs once on SQLite and once on PostgreSQL, migrated to head."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path}/murmur.db"
+        upgrade(url)
+        yield url
+    else:
+        server = request.getfixturevalue("postgres_server")
+        gen = _postgres_database(server)
+        url = next(gen)
+        upgrade(url)
+        yield url
+        next(gen, None)
+
+
+def make_settings(database_url: str, redis_url: str, tmp_path: Path, **env: str) -> Settings:
+    base = {
+        "MURMUR_DATABASE_URL": database_url,
+        "MURMUR_REDIS_URL": redis_url,
+        "MURMUR_STORAGE_PATH": str(tmp_path / "audio"),
+        "MURMUR_API_TOKEN": f"{API_TOKEN},{OTHER_TOKEN}",
+        "MURMUR_SIGNING_KEY": SIGNING_KEY,
+        "MURMUR_WEBHOOK_SECRET": WEBHOOK_SECRET,
+        "MURMUR_ADMIN_TOKEN": ADMIN_TOKEN,
+    }
+    base.update(env)
+    return load_settings(env=base)
+
+
+@pytest.fixture()
+def settings(database_url: str, clean_redis: redis.Redis, tmp_path: Path) -> Settings:
+    return make_settings(database_url, REDIS_URL, tmp_path)
+
+
+@pytest.fixture()
+def db(settings: Settings) -> Iterator[Database]:
+    database = Database(settings.database_url)
+    yield database
+    database.dispose()
+
+
+@pytest.fixture()
+def client(settings: Settings, db: Database) -> Any:
+    app = create_app(settings, db=db)
+    return app.test_client()
+
+
+def auth(token: str = API_TOKEN) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def add_worker(db: Database, profile: str = "local-cpu", instance_id: str | None = None,
+               state: WorkerState = WorkerState.BOOTING) -> Worker:
+    worker = Worker(
+        profile=profile,
+        provider="local",
+        instance_id=instance_id or f"inst-{uuid.uuid4().hex[:12]}",
+        state=state.value,
+        requested_at=utcnow(),
+        created_at=utcnow(),
+    )
+    with db.session() as s:
+        s.add(worker)
+    return worker
+
+
+@dataclass
+class LiveApi:
+    url: str
+    settings: Settings
+    db: Database
+    env: dict[str, str]
+
+
+@pytest.fixture()
+def live_api(database_url: str, clean_redis: redis.Redis, tmp_path: Path) -> Iterator[LiveApi]:
+    """The API served over real HTTP on a free port, in a thread of the test process."""
+    port = free_port()
+    env = {"MURMUR_PORT": str(port), "MURMUR_PUBLIC_URL": f"http://127.0.0.1:{port}"}
+    settings = make_settings(database_url, REDIS_URL, tmp_path, **env)
+    settings = settings.model_copy(
+        update={"api": settings.api.model_copy(update={"allow_private_urls": True})}
+    )
+    database = Database(settings.database_url)
+    app = create_app(settings, db=database)
+    server = make_server("127.0.0.1", port, app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    process_env = {
+        **os.environ,
+        "MURMUR_DATABASE_URL": settings.database_url,
+        "MURMUR_REDIS_URL": REDIS_URL,
+        "MURMUR_STORAGE_PATH": settings.storage_path,
+        "MURMUR_API_TOKEN": f"{API_TOKEN},{OTHER_TOKEN}",
+        "MURMUR_SIGNING_KEY": SIGNING_KEY,
+        "MURMUR_WEBHOOK_SECRET": WEBHOOK_SECRET,
+        "MURMUR_ALLOW_PRIVATE_URLS": "1",
+        **env,
+    }
+    try:
+        yield LiveApi(f"http://127.0.0.1:{port}", settings, database, process_env)
+    finally:
+        server.shutdown()
+        database.dispose()
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, step: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(step)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+@dataclass
+class Proc:
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self, timeout: float = 20) -> None:
+        if self.popen.poll() is None:
+            self.popen.terminate()
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(5)
+
+
+def start_process(args: list[str], env: dict[str, str], log: Path) -> Proc:
+    handle = log.open("wb")
+    popen = subprocess.Popen(args, env=env, stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT)
+    return Proc(popen, log)
+
+
+@pytest.fixture()
+def start_worker(live_api: LiveApi, tmp_path: Path) -> Iterator[Callable[..., tuple[Worker, Proc]]]:
+    """Start a real transcription worker process (as the local provider would) for a profile."""
+    procs: list[Proc] = []
+
+    def start(profile_name: str = "local-cpu", **extra_env: str) -> tuple[Worker, Proc]:
+        worker = add_worker(live_api.db, profile_name)
+        profile = live_api.settings.profile(profile_name)
+        env = {**live_api.env, **worker_environment(
+            live_api.settings, profile, worker.id, worker.instance_id or "")}
+        env.update(extra_env)
+        proc = start_process([sys.executable, "-m", "gpu_worker", "run"], env,
+                             tmp_path / f"{worker.id}.log")
+        procs.append(proc)
+
+        def ready() -> bool:
+            if proc.popen.poll() is not None:
+                raise AssertionError(f"worker exited early:\n{proc.output()}")
+            with live_api.db.session() as s:
+                row = s.get(Worker, worker.id)
+                return row is not None and row.state == WorkerState.READY.value
+
+        wait_for(ready, 90, "the worker to report ready")
+        # Ready is reported just before the Celery consumer starts; give it a moment.
+        wait_for(lambda: "ready" in proc.output().lower(), 30, "the consumer to start")
+        return worker, proc
+
+    yield start
+    for proc in procs:
+        proc.stop()
+
+
+@pytest.fixture()
+def control_worker(live_api: LiveApi, tmp_path: Path) -> Iterator[Proc]:
+    """A real Celery worker on the `control` queue (URL fetches, webhooks)."""
+    proc = start_process(
+        [sys.executable, "-m", "celery", "-A", "tasks", "worker", "-Q", "control",
+         "--pool", "solo", "--loglevel", "INFO", "--without-heartbeat", "--without-gossip",
+         "--without-mingle"],
+        live_api.env, tmp_path / "control.log",
+    )
+    wait_for(lambda: "ready" in proc.output(), 60, "the control worker to start")
+    yield proc
+    proc.stop()
+
+
+def api_get(live: LiveApi, path: str, token: str = API_TOKEN, **kw: Any) -> requests.Response:
+    return requests.get(live.url + path, headers=auth(token), timeout=30, **kw)
