@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import av
 
@@ -31,7 +32,7 @@ def probe_audio(path: Path, max_seconds: float) -> AudioInfo:
             streams = [s for s in container.streams if s.type == "audio"]
             if not streams:
                 raise ApiError(400, "invalid_audio", "the file contains no audio stream")
-            stream = streams[0]
+            stream: Any = streams[0]
             first_frame = next(container.decode(stream), None)
             if first_frame is None:
                 raise ApiError(400, "invalid_audio", "the file contains no audio data")

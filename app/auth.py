@@ -74,7 +74,11 @@ def authenticate_worker(worker_id: str, instance_id: str, *, live_only: bool = T
     svc = services()
     token = bearer_token()
     key = svc.settings.reveal("signing_key")
-    if token is None or not key or not verify_instance_credential(key, worker_id, instance_id, token):
+    if (
+        token is None
+        or not key
+        or not verify_instance_credential(key, worker_id, instance_id, token)
+    ):
         raise _unauthorized("invalid worker credential")
     with svc.db.session() as s:
         worker = s.execute(select(Worker).where(Worker.id == worker_id)).scalar_one_or_none()

@@ -26,10 +26,20 @@ def main() -> None:
 
 
 @main.command("validate-config")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
-              help="TOML file (default: $MURMUR_CONFIG, else the embedded defaults).")
-@click.option("--role", type=click.Choice(["control", "worker"]), default="control",
-              show_default=True, help="Which secrets must be present.")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="TOML file (default: $MURMUR_CONFIG, else the embedded defaults).",
+)
+@click.option(
+    "--role",
+    type=click.Choice(["control", "worker"]),
+    default="control",
+    show_default=True,
+    help="Which secrets must be present.",
+)
 def validate_config(config_path: str | None, role: str) -> None:
     """Check the configuration and list every problem; exit 1 if there is any."""
     try:
@@ -70,10 +80,23 @@ def api(workers: int, threads: int) -> None:
     """Serve the API under gunicorn on MURMUR_HOST:MURMUR_PORT."""
     settings = load_settings()
     bind = f"{settings.api.host}:{settings.api.port}"
-    args = ["gunicorn", "app:create_app()", "--bind", bind, "--workers", str(workers),
-            "--threads", str(threads), "--worker-class", "gthread", "--timeout", "620",
-            "--access-logfile", "-"]
-    os.execvp(args[0], args)
+    args = [
+        "gunicorn",
+        "app:create_app()",
+        "--bind",
+        bind,
+        "--workers",
+        str(workers),
+        "--threads",
+        str(threads),
+        "--worker-class",
+        "gthread",
+        "--timeout",
+        "620",
+        "--access-logfile",
+        "-",
+    ]
+    os.execvp(args[0], args)  # noqa: S606 (replace this process with gunicorn)
 
 
 def _client() -> tuple[str, dict[str, str]]:
@@ -100,17 +123,23 @@ def _fail_on_error(response: requests.Response) -> Any:
 class _MultipartUpload(io.RawIOBase):
     """A multipart body read from disk lazily, with a known length and a progress bar."""
 
-    def __init__(self, path: Path, fields: dict[str, str], bar: tqdm) -> None:  # type: ignore[type-arg]
+    def __init__(self, path: Path, fields: dict[str, str], bar: tqdm) -> None:
         self.boundary = uuid.uuid4().hex
         head = b""
         for name, value in fields.items():
-            head += (f"--{self.boundary}\r\nContent-Disposition: form-data; name=\"{name}\""
-                     f"\r\n\r\n{value}\r\n").encode()
-        head += (f"--{self.boundary}\r\nContent-Disposition: form-data; name=\"file\"; "
-                 f"filename=\"{path.name}\"\r\nContent-Type: application/octet-stream\r\n\r\n"
-                 ).encode()
-        self._parts: list[IO[bytes]] = [io.BytesIO(head), path.open("rb"),
-                                        io.BytesIO(f"\r\n--{self.boundary}--\r\n".encode())]
+            head += (
+                f'--{self.boundary}\r\nContent-Disposition: form-data; name="{name}"'
+                f"\r\n\r\n{value}\r\n"
+            ).encode()
+        head += (
+            f'--{self.boundary}\r\nContent-Disposition: form-data; name="file"; '
+            f'filename="{path.name}"\r\nContent-Type: application/octet-stream\r\n\r\n'
+        ).encode()
+        self._parts: list[IO[bytes]] = [
+            io.BytesIO(head),
+            path.open("rb"),
+            io.BytesIO(f"\r\n--{self.boundary}--\r\n".encode()),
+        ]
         self._length = len(head) + path.stat().st_size + len(self._parts[2].getvalue())  # type: ignore[attr-defined]
         self._bar = bar
 
@@ -135,25 +164,42 @@ class _MultipartUpload(io.RawIOBase):
 @main.command("submit")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--wait", is_flag=True, help="Wait for the transcript and print it.")
-@click.option("--format", "fmt", default="txt", show_default=True,
-              type=click.Choice(["json", "verbose_json", "txt", "srt", "vtt"]))
+@click.option(
+    "--format",
+    "fmt",
+    default="txt",
+    show_default=True,
+    type=click.Choice(["json", "verbose_json", "txt", "srt", "vtt"]),
+)
 @click.option("--language", default=None, help="ISO 639-1 code, e.g. en.")
 @click.option("--words", is_flag=True, help="Ask for word timestamps.")
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds to wait with --wait.")
-def submit(file: Path, wait: bool, fmt: str, language: str | None, words: bool,
-           timeout: float) -> None:
+def submit(
+    file: Path, wait: bool, fmt: str, language: str | None, words: bool, timeout: float
+) -> None:
     """Upload FILE as a transcription job (and with --wait, print its transcript)."""
     url, headers = _client()
     fields = {"word_timestamps": "true" if words else "false"}
     if language:
         fields["language"] = language
-    with tqdm(total=file.stat().st_size, unit="B", unit_scale=True, desc="upload",
-              file=sys.stderr, disable=None) as bar:
+    with tqdm(
+        total=file.stat().st_size,
+        unit="B",
+        unit_scale=True,
+        desc="upload",
+        file=sys.stderr,
+        disable=None,
+    ) as bar:
         body = _MultipartUpload(file, fields, bar)
         response = requests.post(
-            f"{url}/v1/jobs", data=body, timeout=(5, 600),
-            headers={**headers, "Content-Type": f"multipart/form-data; boundary={body.boundary}",
-                     "Content-Length": str(len(body))},
+            f"{url}/v1/jobs",
+            data=body,
+            timeout=(5, 600),
+            headers={
+                **headers,
+                "Content-Type": f"multipart/form-data; boundary={body.boundary}",
+                "Content-Length": str(len(body)),
+            },
         )
     job = _fail_on_error(response)
     if not wait:
@@ -163,9 +209,11 @@ def submit(file: Path, wait: bool, fmt: str, language: str | None, words: bool,
     if job["status"] != "succeeded":
         err = job.get("error") or {}
         raise click.ClickException(
-            f"job {job['id']} {job['status']}: {err.get('message', 'no transcript')}")
-    response = requests.get(f"{url}/v1/jobs/{job['id']}/transcript", params={"format": fmt},
-                            headers=headers, timeout=30)
+            f"job {job['id']} {job['status']}: {err.get('message', 'no transcript')}"
+        )
+    response = requests.get(
+        f"{url}/v1/jobs/{job['id']}/transcript", params={"format": fmt}, headers=headers, timeout=30
+    )
     if response.status_code >= 400:
         _fail_on_error(response)
     click.echo(response.text.rstrip("\n"))
@@ -173,11 +221,13 @@ def submit(file: Path, wait: bool, fmt: str, language: str | None, words: bool,
 
 def _wait(url: str, headers: dict[str, str], job_id: str, timeout: float) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
-    with tqdm(desc=f"{job_id} queued", bar_format="{desc} {elapsed}", file=sys.stderr,
-              disable=None) as bar:
+    with tqdm(
+        desc=f"{job_id} queued", bar_format="{desc} {elapsed}", file=sys.stderr, disable=None
+    ) as bar:
         while True:
             job: dict[str, Any] = _fail_on_error(
-                requests.get(f"{url}/v1/jobs/{job_id}", headers=headers, timeout=30))
+                requests.get(f"{url}/v1/jobs/{job_id}", headers=headers, timeout=30)
+            )
             bar.set_description_str(f"{job_id} {job['status']}")
             bar.update(0)
             if job["status"] in ("succeeded", "failed", "cancelled"):
@@ -196,14 +246,17 @@ def jobs(status: str | None, limit: int) -> None:
     params: dict[str, Any] = {"limit": limit}
     if status:
         params["status"] = status
-    page = _fail_on_error(requests.get(f"{url}/v1/jobs", params=params, headers=headers,
-                                       timeout=30))
+    page = _fail_on_error(
+        requests.get(f"{url}/v1/jobs", params=params, headers=headers, timeout=30)
+    )
     click.echo(f"{'id':<37} {'status':<10} {'duration':>8}  {'created':<20} text")
     for job in page["data"]:
         duration = f"{job['duration_seconds']:.1f}s" if job["duration_seconds"] else "-"
         text = (job.get("text") or "")[:40]
-        click.echo(f"{job['id']:<37} {job['status']:<10} {duration:>8}  "
-                   f"{(job['created_at'] or '')[:19]:<20} {text}")
+        click.echo(
+            f"{job['id']:<37} {job['status']:<10} {duration:>8}  "
+            f"{(job['created_at'] or '')[:19]:<20} {text}"
+        )
 
 
 def _register_optional_commands() -> None:

@@ -317,8 +317,7 @@ def check_settings(settings: Settings, *, role: str = "control") -> list[str]:
                 problems.append(f"{where}.alignment_device: cuda on a CPU-only server type")
             if (p.provider == "local") != (stype.gpu is None):
                 problems.append(
-                    f"{where}.server_type: {p.server_type} does not belong to provider "
-                    f"{p.provider}"
+                    f"{where}.server_type: {p.server_type} does not belong to provider {p.provider}"
                 )
         if p.provider == "scaleway":
             if not p.image:

@@ -40,7 +40,9 @@ def verify_instance_credential(
     return hmac.compare_digest(expected.encode(), presented.encode())
 
 
-def sign_audio_url(signing_key: str, job_id: str, ttl_seconds: int, now: float | None = None) -> str:
+def sign_audio_url(
+    signing_key: str, job_id: str, ttl_seconds: int, now: float | None = None
+) -> str:
     """Query string `expires=..&sig=..` that lets a worker fetch one job's audio for a while."""
     expires = int((now if now is not None else time.time()) + ttl_seconds)
     sig = _mac(signing_key, "audio", f"{job_id}:{expires}")

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import CursorResult, Engine, create_engine, event
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
 
@@ -80,3 +80,9 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+def rows_changed(session: Session, statement: Any) -> int:
+    """Run an UPDATE/DELETE and return how many rows it changed (compare-and-set checks)."""
+    result = session.execute(statement)
+    return int(cast(CursorResult[Any], result).rowcount)

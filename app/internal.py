@@ -88,7 +88,9 @@ def worker_ready(worker_id: str, instance_id: str) -> Response:
     try:
         profile = svc.settings.profile(worker.profile)
     except KeyError:
-        raise ApiError(409, "runtime_mismatch", "the worker's profile is no longer configured")
+        raise ApiError(
+            409, "runtime_mismatch", "the worker's profile is no longer configured"
+        ) from None
     problems = readiness.runtime_mismatches(profile, body.runtime)
     with svc.db.session() as s:
         row = s.get(Worker, worker.id)
@@ -109,8 +111,9 @@ def claim(worker_id: str, instance_id: str, job_id: str) -> Response:
     job = service.claim_job(svc.db, job_id, worker, svc.settings.fleet.max_attempts)
     if job is None:
         raise ApiError(409, "job_not_claimable", f"job {job_id} is not waiting for this worker")
-    query = sign_audio_url(svc.settings.reveal("signing_key"), job.id,
-                           svc.settings.api.signed_url_ttl_seconds)
+    query = sign_audio_url(
+        svc.settings.reveal("signing_key"), job.id, svc.settings.api.signed_url_ttl_seconds
+    )
     audio_url = f"{svc.settings.api.public_url.rstrip('/')}/internal/audio/{job.id}?{query}"
     return jsonify(
         {

@@ -117,6 +117,8 @@ class Worker(Base):
     last_seen_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     delete_requested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     deleted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Why the fleet tore this worker down ("idle", "boot timeout", "orphan", ...), for operators.
+    delete_reason: Mapped[str | None] = mapped_column(String(64))
 
 
 class ProfileState(Base):
@@ -130,3 +132,6 @@ class ProfileState(Base):
     last_error: Mapped[str | None] = mapped_column(Text)
     last_error_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     availability: Mapped[str | None] = mapped_column(String(16))
+    # After a non-capacity provisioning error (quota, permission, 5xx, timeout) the profile is
+    # not retried before this time; unlike back-off, its jobs are NOT re-routed meanwhile.
+    retry_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -42,100 +42,230 @@ def openapi_document() -> dict[str, Any]:
             "/v1/jobs": {
                 "post": _op(
                     "Submit audio (multipart upload or JSON URL) for transcription",
-                    {"202": {"description": "Accepted", "content": json_job,
-                             "headers": {"Location": {"schema": {"type": "string"}}}},
-                     "400": _ERROR, "401": _ERROR, "413": _ERROR, "415": _ERROR,
-                     "503": _ERROR},
-                    parameters=[{"name": "Idempotency-Key", "in": "header",
-                                 "schema": {"type": "string", "maxLength": 255}}],
-                    requestBody={"required": True, "content": {
-                        "multipart/form-data": {"schema": {
-                            "type": "object", "required": ["file"], "properties": upload_props}},
-                        "application/json": {"schema": {
-                            "type": "object", "required": ["url"], "additionalProperties": False,
-                            "properties": {**{k: v for k, v in upload_props.items()
-                                              if k != "file"},
-                                           "url": {"type": "string", "format": "uri"}}}},
-                    }},
+                    {
+                        "202": {
+                            "description": "Accepted",
+                            "content": json_job,
+                            "headers": {"Location": {"schema": {"type": "string"}}},
+                        },
+                        "400": _ERROR,
+                        "401": _ERROR,
+                        "413": _ERROR,
+                        "415": _ERROR,
+                        "503": _ERROR,
+                    },
+                    parameters=[
+                        {
+                            "name": "Idempotency-Key",
+                            "in": "header",
+                            "schema": {"type": "string", "maxLength": 255},
+                        }
+                    ],
+                    requestBody={
+                        "required": True,
+                        "content": {
+                            "multipart/form-data": {
+                                "schema": {
+                                    "type": "object",
+                                    "required": ["file"],
+                                    "properties": upload_props,
+                                }
+                            },
+                            "application/json": {
+                                "schema": {
+                                    "type": "object",
+                                    "required": ["url"],
+                                    "additionalProperties": False,
+                                    "properties": {
+                                        **{k: v for k, v in upload_props.items() if k != "file"},
+                                        "url": {"type": "string", "format": "uri"},
+                                    },
+                                }
+                            },
+                        },
+                    },
                 ),
                 "get": _op(
                     "List your jobs, newest first",
-                    {"200": {"description": "A page of jobs", "content": {"application/json": {
-                        "schema": {"type": "object", "properties": {
-                            "data": {"type": "array", "items": job_ref},
-                            "next_cursor": {"type": "string", "nullable": True}}}}}},
-                     "400": _ERROR, "401": _ERROR},
+                    {
+                        "200": {
+                            "description": "A page of jobs",
+                            "content": {
+                                "application/json": {
+                                    "schema": {
+                                        "type": "object",
+                                        "properties": {
+                                            "data": {"type": "array", "items": job_ref},
+                                            "next_cursor": {"type": "string", "nullable": True},
+                                        },
+                                    }
+                                }
+                            },
+                        },
+                        "400": _ERROR,
+                        "401": _ERROR,
+                    },
                     parameters=[
-                        {"name": "status", "in": "query", "schema": {
-                            "type": "string", "enum": [s.value for s in JobStatus]}},
-                        {"name": "limit", "in": "query", "schema": {
-                            "type": "integer", "minimum": 1, "maximum": 100, "default": 20}},
+                        {
+                            "name": "status",
+                            "in": "query",
+                            "schema": {"type": "string", "enum": [s.value for s in JobStatus]},
+                        },
+                        {
+                            "name": "limit",
+                            "in": "query",
+                            "schema": {
+                                "type": "integer",
+                                "minimum": 1,
+                                "maximum": 100,
+                                "default": 20,
+                            },
+                        },
                         {"name": "cursor", "in": "query", "schema": {"type": "string"}},
                     ],
                 ),
             },
             "/v1/jobs/{job_id}": {
                 "parameters": [_job_id()],
-                "get": _op("Get a job", {"200": {"description": "The job", "content": json_job},
-                                         "401": _ERROR, "404": _ERROR}),
-                "delete": _op("Cancel a job that has not finished",
-                              {"200": {"description": "Cancelled", "content": json_job},
-                               "401": _ERROR, "404": _ERROR, "409": _ERROR}),
+                "get": _op(
+                    "Get a job",
+                    {
+                        "200": {"description": "The job", "content": json_job},
+                        "401": _ERROR,
+                        "404": _ERROR,
+                    },
+                ),
+                "delete": _op(
+                    "Cancel a job that has not finished",
+                    {
+                        "200": {"description": "Cancelled", "content": json_job},
+                        "401": _ERROR,
+                        "404": _ERROR,
+                        "409": _ERROR,
+                    },
+                ),
             },
             "/v1/jobs/{job_id}/transcript": {
-                "parameters": [_job_id(), {"name": "format", "in": "query", "schema": {
-                    "type": "string", "enum": list(FORMATS), "default": "json"}}],
-                "get": _op("Download the transcript", {
-                    "200": {"description": "The transcript", "content": {
-                        "application/json": {}, "text/plain": {}, "application/x-subrip": {},
-                        "text/vtt": {}}},
-                    "400": _ERROR, "401": _ERROR, "404": _ERROR, "409": _ERROR}),
+                "parameters": [
+                    _job_id(),
+                    {
+                        "name": "format",
+                        "in": "query",
+                        "schema": {"type": "string", "enum": list(FORMATS), "default": "json"},
+                    },
+                ],
+                "get": _op(
+                    "Download the transcript",
+                    {
+                        "200": {
+                            "description": "The transcript",
+                            "content": {
+                                "application/json": {},
+                                "text/plain": {},
+                                "application/x-subrip": {},
+                                "text/vtt": {},
+                            },
+                        },
+                        "400": _ERROR,
+                        "401": _ERROR,
+                        "404": _ERROR,
+                        "409": _ERROR,
+                    },
+                ),
             },
             "/v1/audio/transcriptions": {
                 "post": _op(
                     "OpenAI-compatible synchronous transcription",
-                    {"200": {"description": "The transcript in response_format"},
-                     "400": _ERROR, "401": _ERROR, "413": _ERROR, "504": _ERROR},
-                    requestBody={"required": True, "content": {"multipart/form-data": {
-                        "schema": {"type": "object", "required": ["file"], "properties": {
-                            "file": {"type": "string", "format": "binary"},
-                            "model": {"type": "string"},
-                            "language": {"type": "string"},
-                            "prompt": {"type": "string"},
-                            "response_format": {"type": "string", "enum": [
-                                "json", "text", "srt", "vtt", "verbose_json"]},
-                            "timestamp_granularities[]": {"type": "array", "items": {
-                                "type": "string", "enum": ["word", "segment"]}},
-                        }}}}},
+                    {
+                        "200": {"description": "The transcript in response_format"},
+                        "400": _ERROR,
+                        "401": _ERROR,
+                        "413": _ERROR,
+                        "504": _ERROR,
+                    },
+                    requestBody={
+                        "required": True,
+                        "content": {
+                            "multipart/form-data": {
+                                "schema": {
+                                    "type": "object",
+                                    "required": ["file"],
+                                    "properties": {
+                                        "file": {"type": "string", "format": "binary"},
+                                        "model": {"type": "string"},
+                                        "language": {"type": "string"},
+                                        "prompt": {"type": "string"},
+                                        "response_format": {
+                                            "type": "string",
+                                            "enum": ["json", "text", "srt", "vtt", "verbose_json"],
+                                        },
+                                        "timestamp_granularities[]": {
+                                            "type": "array",
+                                            "items": {
+                                                "type": "string",
+                                                "enum": ["word", "segment"],
+                                            },
+                                        },
+                                    },
+                                }
+                            }
+                        },
+                    },
                 ),
             },
-            "/healthz": {"get": _op("Liveness", {"200": {"description": "Alive"}},
-                                    security=[])},
-            "/readyz": {"get": _op("Readiness: database and broker",
-                                   {"200": {"description": "Ready"},
-                                    "503": {"description": "A dependency failed"}},
-                                   security=[])},
+            "/healthz": {"get": _op("Liveness", {"200": {"description": "Alive"}}, security=[])},
+            "/readyz": {
+                "get": _op(
+                    "Readiness: database and broker",
+                    {
+                        "200": {"description": "Ready"},
+                        "503": {"description": "A dependency failed"},
+                    },
+                    security=[],
+                )
+            },
         },
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-            "responses": {"Error": {"description": "Error", "content": {"application/json": {
-                "schema": {"$ref": "#/components/schemas/Error"}}}}},
+            "responses": {
+                "Error": {
+                    "description": "Error",
+                    "content": {
+                        "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
+                    },
+                }
+            },
             "schemas": {
-                "Error": {"type": "object", "required": ["error"], "properties": {"error": {
-                    "type": "object", "required": ["code", "message"], "properties": {
-                        "code": {"type": "string"}, "message": {"type": "string"}}}}},
-                "Job": {"type": "object", "required": ["id", "status"], "properties": {
-                    "id": {"type": "string"},
-                    "status": {"type": "string", "enum": [s.value for s in JobStatus]},
-                    "profile": {"type": "string", "nullable": True},
-                    "source": {"type": "string", "enum": ["upload", "url"]},
-                    "duration_seconds": {"type": "number", "nullable": True},
-                    "language": {"type": "string", "nullable": True},
-                    "text": {"type": "string"},
-                    "created_at": {"type": "string", "format": "date-time"},
-                    "finished_at": {"type": "string", "format": "date-time", "nullable": True},
-                    "error": {"type": "object", "nullable": True},
-                }},
+                "Error": {
+                    "type": "object",
+                    "required": ["error"],
+                    "properties": {
+                        "error": {
+                            "type": "object",
+                            "required": ["code", "message"],
+                            "properties": {
+                                "code": {"type": "string"},
+                                "message": {"type": "string"},
+                            },
+                        }
+                    },
+                },
+                "Job": {
+                    "type": "object",
+                    "required": ["id", "status"],
+                    "properties": {
+                        "id": {"type": "string"},
+                        "status": {"type": "string", "enum": [s.value for s in JobStatus]},
+                        "profile": {"type": "string", "nullable": True},
+                        "source": {"type": "string", "enum": ["upload", "url"]},
+                        "duration_seconds": {"type": "number", "nullable": True},
+                        "language": {"type": "string", "nullable": True},
+                        "text": {"type": "string"},
+                        "created_at": {"type": "string", "format": "date-time"},
+                        "finished_at": {"type": "string", "format": "date-time", "nullable": True},
+                        "error": {"type": "object", "nullable": True},
+                    },
+                },
             },
         },
     }

@@ -82,18 +82,18 @@ class _PinnedAdapter(HTTPAdapter):
         self._address = address
         super().__init__(max_retries=0)
 
-    def send(self, request, *args, **kwargs):  # type: ignore[no-untyped-def,override]
+    def send(self, request, *args, **kwargs):  # type: ignore[no-untyped-def]
         original = socket.getaddrinfo
 
         def pinned(host, port, *a, **kw):  # type: ignore[no-untyped-def]
             return original(self._address, port, *a, **kw)
 
         with _resolver_lock:
-            socket.getaddrinfo = pinned  # type: ignore[assignment]
+            socket.getaddrinfo = pinned
             try:
                 return super().send(request, *args, **kwargs)
             finally:
-                socket.getaddrinfo = original  # type: ignore[assignment]
+                socket.getaddrinfo = original
 
 
 @contextmanager

@@ -38,7 +38,10 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             "reconcile": {
                 "task": "murmur.control.reconcile",
                 "schedule": settings.fleet.reconcile_interval_seconds,
-                "options": {"queue": CONTROL_QUEUE, "expires": settings.fleet.reconcile_interval_seconds},
+                "options": {
+                    "queue": CONTROL_QUEUE,
+                    "expires": settings.fleet.reconcile_interval_seconds,
+                },
             }
         },
         "timezone": "UTC",

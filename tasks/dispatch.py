@@ -12,7 +12,7 @@ import logging
 from celery import Celery
 from sqlalchemy import update
 
-from app.db import Database
+from app.db import Database, rows_changed
 from app.models import Job, JobStatus, utcnow
 from tasks.celery_app import TRANSCRIBE_TASK
 
@@ -20,19 +20,20 @@ log = logging.getLogger(__name__)
 
 
 def dispatch_job(db: Database, celery: Celery, job_id: str, profile: str) -> bool:
-    """Send one queued job to `transcribe.<profile>`; False if it was not queued or the broker failed."""
+    """Send a queued job to `transcribe.<profile>`; False if not queued or the send failed."""
     with db.session() as s:
-        moved = s.execute(
+        moved = rows_changed(
+            s,
             update(Job)
-            .where(Job.id == job_id, Job.status == JobStatus.QUEUED.value, Job.audio_key.is_not(None))
-            .values(status=JobStatus.DISPATCHED.value, profile=profile, dispatched_at=utcnow())
-        ).rowcount
+            .where(
+                Job.id == job_id, Job.status == JobStatus.QUEUED.value, Job.audio_key.is_not(None)
+            )
+            .values(status=JobStatus.DISPATCHED.value, profile=profile, dispatched_at=utcnow()),
+        )
     if not moved:
         return False
     try:
-        celery.send_task(
-            TRANSCRIBE_TASK, args=[job_id], queue=f"transcribe.{profile}", retry=False
-        )
+        celery.send_task(TRANSCRIBE_TASK, args=[job_id], queue=f"transcribe.{profile}", retry=False)
     except Exception as exc:  # broker down: keep the job, reconcile dispatches it later
         log.warning("broker refused job %s for %s: %s", job_id, profile, type(exc).__name__)
         with db.session() as s:
@@ -52,13 +53,14 @@ def requeue_job(db: Database, job_id: str, from_profile: str) -> bool:
     job no longer dispatched to its profile, and its claim is refused (a no-op).
     """
     with db.session() as s:
-        moved = s.execute(
+        moved = rows_changed(
+            s,
             update(Job)
             .where(
                 Job.id == job_id,
                 Job.status.in_([JobStatus.DISPATCHED.value, JobStatus.RUNNING.value]),
                 Job.profile == from_profile,
             )
-            .values(status=JobStatus.QUEUED.value, dispatched_at=None, worker_id=None)
-        ).rowcount
+            .values(status=JobStatus.QUEUED.value, dispatched_at=None, worker_id=None),
+        )
     return bool(moved)

@@ -13,6 +13,7 @@ import requests
 from celery import Task
 
 from app.audio import probe_audio
+from app.db import rows_changed
 from app.errors import ApiError
 from app.jobs import service
 from app.models import JobStatus
@@ -47,23 +48,30 @@ def fetch_audio(job_id: str) -> None:
     try:
         checked = check_url(job.source_url, allow_private=settings.api.allow_private_urls)
         with pinned_session(checked) as http:
-            response = http.get(checked.url, stream=True, timeout=FETCH_TIMEOUT,
-                                allow_redirects=False)
+            response = http.get(
+                checked.url, stream=True, timeout=FETCH_TIMEOUT, allow_redirects=False
+            )
             if response.status_code != 200:
-                raise ApiError(422, "url_fetch_failed",
-                               f"the URL answered HTTP {response.status_code}")
+                raise ApiError(
+                    422, "url_fetch_failed", f"the URL answered HTTP {response.status_code}"
+                )
             declared = response.headers.get("Content-Length")
             if declared is not None and declared.isdigit() and int(declared) > limit:
-                raise ApiError(413, "url_too_large",
-                               f"the URL's content is larger than the limit of {limit} bytes")
+                raise ApiError(
+                    413,
+                    "url_too_large",
+                    f"the URL's content is larger than the limit of {limit} bytes",
+                )
             size = 0
             with staged.open("wb") as out:
                 for chunk in response.iter_content(chunk_size=256 * 1024):
                     size += len(chunk)
                     if size > limit:
-                        raise ApiError(413, "url_too_large",
-                                       f"the URL's content is larger than the limit of {limit} "
-                                       "bytes")
+                        raise ApiError(
+                            413,
+                            "url_too_large",
+                            f"the URL's content is larger than the limit of {limit} bytes",
+                        )
                     out.write(chunk)
         info = probe_audio(staged, settings.api.max_audio_seconds)
     except ApiError as err:
@@ -83,11 +91,12 @@ def fetch_audio(job_id: str) -> None:
     from app.models import Job
 
     with db.session() as s:
-        moved = s.execute(
+        moved = rows_changed(
+            s,
             update(Job)
             .where(Job.id == job_id, Job.status == JobStatus.QUEUED.value, Job.audio_key.is_(None))
-            .values(audio_key=key, size_bytes=size, duration_seconds=info.duration_seconds)
-        ).rowcount
+            .values(audio_key=key, size_bytes=size, duration_seconds=info.duration_seconds),
+        )
     if not moved:
         store.delete(key)
         return
@@ -113,7 +122,10 @@ def sign_webhook(secret: str, timestamp: int, body: bytes) -> str:
 
 
 @celery_app.task(
-    name="murmur.control.deliver_webhook", bind=True, acks_late=True, ignore_result=True,
+    name="murmur.control.deliver_webhook",
+    bind=True,
+    acks_late=True,
+    ignore_result=True,
     max_retries=WEBHOOK_MAX_RETRIES,
 )
 def deliver_webhook(self: Task, job_id: str) -> None:
@@ -129,11 +141,17 @@ def deliver_webhook(self: Task, job_id: str) -> None:
         SIGNATURE_HEADER: sign_webhook(settings.reveal("webhook_secret"), int(time.time()), body),
     }
     try:
-        checked = check_url(job.webhook_url, field="webhook_url",
-                            allow_private=settings.api.allow_private_urls)
+        checked = check_url(
+            job.webhook_url, field="webhook_url", allow_private=settings.api.allow_private_urls
+        )
         with pinned_session(checked) as http:
-            response = http.post(checked.url, data=body, headers=headers, timeout=WEBHOOK_TIMEOUT,
-                                 allow_redirects=False)
+            response = http.post(
+                checked.url,
+                data=body,
+                headers=headers,
+                timeout=WEBHOOK_TIMEOUT,
+                allow_redirects=False,
+            )
         ok = 200 <= response.status_code < 300
         reason = f"HTTP {response.status_code}"
     except ApiError as err:
@@ -144,8 +162,9 @@ def deliver_webhook(self: Task, job_id: str) -> None:
     if ok:
         return
     if self.request.retries >= WEBHOOK_MAX_RETRIES:
-        log.warning("webhook for %s gave up after %d tries (%s)", job_id,
-                    self.request.retries + 1, reason)
+        log.warning(
+            "webhook for %s gave up after %d tries (%s)", job_id, self.request.retries + 1, reason
+        )
         _set_webhook_status(job_id, "failed")
         return
     raise self.retry(countdown=2 ** (self.request.retries + 1))

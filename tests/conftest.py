@@ -141,8 +141,12 @@ def auth(token: str = API_TOKEN) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-def add_worker(db: Database, profile: str = "local-cpu", instance_id: str | None = None,
-               state: WorkerState = WorkerState.BOOTING) -> Worker:
+def add_worker(
+    db: Database,
+    profile: str = "local-cpu",
+    instance_id: str | None = None,
+    state: WorkerState = WorkerState.BOOTING,
+) -> Worker:
     worker = Worker(
         profile=profile,
         provider="local",
@@ -238,11 +242,14 @@ def start_worker(live_api: LiveApi, tmp_path: Path) -> Iterator[Callable[..., tu
     def start(profile_name: str = "local-cpu", **extra_env: str) -> tuple[Worker, Proc]:
         worker = add_worker(live_api.db, profile_name)
         profile = live_api.settings.profile(profile_name)
-        env = {**live_api.env, **worker_environment(
-            live_api.settings, profile, worker.id, worker.instance_id or "")}
+        env = {
+            **live_api.env,
+            **worker_environment(live_api.settings, profile, worker.id, worker.instance_id or ""),
+        }
         env.update(extra_env)
-        proc = start_process([sys.executable, "-m", "gpu_worker", "run"], env,
-                             tmp_path / f"{worker.id}.log")
+        proc = start_process(
+            [sys.executable, "-m", "gpu_worker", "run"], env, tmp_path / f"{worker.id}.log"
+        )
         procs.append(proc)
 
         def ready() -> bool:
@@ -266,10 +273,25 @@ def start_worker(live_api: LiveApi, tmp_path: Path) -> Iterator[Callable[..., tu
 def control_worker(live_api: LiveApi, tmp_path: Path) -> Iterator[Proc]:
     """A real Celery worker on the `control` queue (URL fetches, webhooks)."""
     proc = start_process(
-        [sys.executable, "-m", "celery", "-A", "tasks", "worker", "-Q", "control",
-         "--pool", "solo", "--loglevel", "INFO", "--without-heartbeat", "--without-gossip",
-         "--without-mingle"],
-        live_api.env, tmp_path / "control.log",
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tasks",
+            "worker",
+            "-Q",
+            "control",
+            "--pool",
+            "solo",
+            "--loglevel",
+            "INFO",
+            "--without-heartbeat",
+            "--without-gossip",
+            "--without-mingle",
+        ],
+        live_api.env,
+        tmp_path / "control.log",
     )
     wait_for(lambda: "ready" in proc.output(), 60, "the control worker to start")
     yield proc

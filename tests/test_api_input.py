@@ -17,11 +17,18 @@ from tests.conftest import API_TOKEN, FIXTURES, auth
 SPEECH = (FIXTURES / "speech-short.wav").read_bytes()
 
 
-def upload(client: Any, data: bytes = SPEECH, name: str = "a.wav", headers: dict[str, str] | None = None,
-           path: str = "/v1/jobs", **fields: Any) -> Any:
+def upload(
+    client: Any,
+    data: bytes = SPEECH,
+    name: str = "a.wav",
+    headers: dict[str, str] | None = None,
+    path: str = "/v1/jobs",
+    **fields: Any,
+) -> Any:
     form: dict[str, Any] = {"file": (io.BytesIO(data), name), **fields}
-    return client.post(path, data=form, headers=headers or auth(),
-                       content_type="multipart/form-data")
+    return client.post(
+        path, data=form, headers=headers or auth(), content_type="multipart/form-data"
+    )
 
 
 def error_of(response: Any, status: int, code: str) -> str:
@@ -54,8 +61,9 @@ def test_wrong_token_is_401_and_not_echoed(client: Any, db: Database) -> None:
 
 
 def test_missing_file(client: Any, db: Database) -> None:
-    response = client.post("/v1/jobs", data={"language": "en"}, headers=auth(),
-                           content_type="multipart/form-data")
+    response = client.post(
+        "/v1/jobs", data={"language": "en"}, headers=auth(), content_type="multipart/form-data"
+    )
     assert "field named 'file'" in error_of(response, 400, "missing_file")
     assert job_count(db) == 0
 
@@ -94,17 +102,24 @@ def test_file_over_size_cap_is_413_before_reading_body(live_api: Any) -> None:
     host, port = live_api.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=10) as sock:
         sock.sendall(
-            (f"POST /v1/jobs HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {API_TOKEN}\r\n"
-             f"Content-Type: multipart/form-data; boundary=x\r\nContent-Length: {declared}\r\n"
-             "Connection: close\r\n\r\n").encode()
+            (
+                f"POST /v1/jobs HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {API_TOKEN}\r\n"
+                f"Content-Type: multipart/form-data; boundary=x\r\nContent-Length: {declared}\r\n"
+                "Connection: close\r\n\r\n"
+            ).encode()
         )
         sock.sendall(b"--x\r\n")  # a few bytes of a body that would be 100 MB
         reply = b""
         while b"\r\n\r\n" not in reply:
             reply += sock.recv(65536)
         head, body = reply.split(b"\r\n\r\n", 1)
-        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
-                          if line.lower().startswith(b"content-length")))
+        length = int(
+            next(
+                line.split(b":")[1]
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length")
+            )
+        )
         while len(body) < length:
             body += sock.recv(65536)
     assert b" 413 " in head.split(b"\r\n")[0], reply[:300]
@@ -127,8 +142,9 @@ def test_language_the_english_only_model_cannot_do(client: Any) -> None:
 
 
 def test_malformed_json(client: Any, db: Database) -> None:
-    response = client.post("/v1/jobs", data="{not json", headers=auth(),
-                           content_type="application/json")
+    response = client.post(
+        "/v1/jobs", data="{not json", headers=auth(), content_type="application/json"
+    )
     assert error_of(response, 400, "invalid_json") == "the request body is not a JSON object"
     assert job_count(db) == 0
 
@@ -139,8 +155,9 @@ def test_unsupported_media_type(client: Any) -> None:
 
 
 def test_unknown_json_field(client: Any) -> None:
-    response = client.post("/v1/jobs", json={"url": "https://example.com/a.wav", "colour": "red"},
-                           headers=auth())
+    response = client.post(
+        "/v1/jobs", json={"url": "https://example.com/a.wav", "colour": "red"}, headers=auth()
+    )
     assert "colour" in error_of(response, 400, "unknown_field")
 
 
@@ -185,10 +202,12 @@ def test_transcript_not_ready_is_409(client: Any) -> None:
 
 
 def test_unknown_openai_response_format(client: Any, db: Database) -> None:
-    response = upload(client, path="/v1/audio/transcriptions", model="whisper-1",
-                      response_format="docx")
-    assert "json, text, srt, vtt, verbose_json" in error_of(response, 400,
-                                                             "invalid_response_format")
+    response = upload(
+        client, path="/v1/audio/transcriptions", model="whisper-1", response_format="docx"
+    )
+    assert "json, text, srt, vtt, verbose_json" in error_of(
+        response, 400, "invalid_response_format"
+    )
     assert job_count(db) == 0
 
 
@@ -227,8 +246,9 @@ def test_idempotency_key_returns_the_same_job(client: Any, db: Database) -> None
     assert first.status_code == second.status_code == 202
     assert first.get_json()["id"] == second.get_json()["id"]
     assert second.headers["Idempotent-Replayed"] == "true"
-    other = upload(client, headers={**auth("test-api-token-" + "b" * 32),
-                                    "Idempotency-Key": "order-42"})
+    other = upload(
+        client, headers={**auth("test-api-token-" + "b" * 32), "Idempotency-Key": "order-42"}
+    )
     assert other.get_json()["id"] != first.get_json()["id"]  # keys are scoped per token
     assert job_count(db) == 2
 
@@ -263,8 +283,12 @@ def test_healthz_and_openapi(client: Any) -> None:
     assert client.get("/healthz").get_json() == {"status": "ok"}
     doc = client.get("/openapi.json").get_json()
     assert doc["openapi"].startswith("3.")
-    assert {"/v1/jobs", "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/transcript",
-            "/v1/audio/transcriptions"} <= set(doc["paths"])
+    assert {
+        "/v1/jobs",
+        "/v1/jobs/{job_id}",
+        "/v1/jobs/{job_id}/transcript",
+        "/v1/audio/transcriptions",
+    } <= set(doc["paths"])
 
 
 def test_readyz_names_the_failed_dependency(client: Any, settings: Any, tmp_path: Path) -> None:

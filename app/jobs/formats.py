@@ -47,7 +47,7 @@ def to_vtt(transcript: dict[str, Any]) -> str:
 
 def to_verbose_json(transcript: dict[str, Any], *, words: bool = True) -> dict[str, Any]:
     """OpenAI's verbose_json shape (segments, words, usage in seconds)."""
-    segments = []
+    segments: list[dict[str, Any]] = []
     all_words: list[dict[str, Any]] = []
     for seg in transcript.get("segments", []):
         segments.append(

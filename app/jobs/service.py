@@ -20,7 +20,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.config import Settings
-from app.db import Database
+from app.db import Database, rows_changed
 from app.errors import ApiError
 from app.models import (
     FINISHED_STATES,
@@ -196,9 +196,9 @@ def _finish(
     db: Database, job_id: str, from_states: tuple[str, ...], values: dict[str, Any]
 ) -> bool:
     with db.session() as s:
-        moved = s.execute(
-            update(Job).where(Job.id == job_id, Job.status.in_(from_states)).values(**values)
-        ).rowcount
+        moved = rows_changed(
+            s, update(Job).where(Job.id == job_id, Job.status.in_(from_states)).values(**values)
+        )
     return bool(moved)
 
 
@@ -247,7 +247,8 @@ def claim_job(db: Database, job_id: str, worker: Worker, max_attempts: int) -> J
                 )
             )
             return None
-        moved = s.execute(
+        moved = rows_changed(
+            s,
             update(Job)
             .where(Job.id == job_id, Job.status.in_(ACTIVE_STATES), Job.attempts == job.attempts)
             .values(
@@ -255,8 +256,8 @@ def claim_job(db: Database, job_id: str, worker: Worker, max_attempts: int) -> J
                 worker_id=worker.id,
                 started_at=now,
                 attempts=job.attempts + 1,
-            )
-        ).rowcount
+            ),
+        )
         if not moved:
             return None
         s.execute(
@@ -355,7 +356,7 @@ def wait_until_finished(
 ) -> Job:
     """Block until the job finishes or `timeout` passes; returns the job as last read."""
     deadline = utcnow() + timedelta(seconds=timeout)
-    pubsub = r.pubsub(ignore_subscribe_messages=True)
+    pubsub = r.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
     try:
         pubsub.subscribe(DONE_CHANNEL + job_id)
         while True:

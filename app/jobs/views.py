@@ -165,7 +165,7 @@ def _create_url_job(
     if unknown:
         raise ApiError(400, "unknown_field", f"unknown field(s): {', '.join(sorted(unknown))}")
     if "url" not in body:
-        raise ApiError(400, "missing_url", "send JSON {\"url\": \"https://...\"} or upload a file")
+        raise ApiError(400, "missing_url", 'send JSON {"url": "https://..."} or upload a file')
     checked = check_url(body["url"], allow_private=svc.settings.api.allow_private_urls)
     req = service.JobRequest(
         owner=owner,
@@ -327,10 +327,13 @@ def openai_transcriptions() -> Response:
     if finished.status == JobStatus.SUCCEEDED.value and finished.transcript is not None:
         transcript = finished.transcript
         if fmt == "verbose_json" and "word" not in granularities:
-            transcript = {**transcript, "segments": [
-                {k: v for k, v in seg.items() if k != "words"}
-                for seg in transcript.get("segments", [])
-            ]}
+            transcript = {
+                **transcript,
+                "segments": [
+                    {k: v for k, v in seg.items() if k != "words"}
+                    for seg in transcript.get("segments", [])
+                ],
+            }
         body, media_type = render(transcript, "text" if fmt == "text" else fmt)
         response = Response(body, content_type=media_type)
         response.headers["X-Murmur-Job-Id"] = finished.id

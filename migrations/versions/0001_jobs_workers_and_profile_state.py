@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises: 
-Create Date: 2026-11-30 04:22:01.720895
+Create Date: 2026-11-30 04:26:49.741042
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ def upgrade() -> None:
     sa.Column('last_error', sa.Text(), nullable=True),
     sa.Column('last_error_at', sa.DateTime(timezone=True), nullable=True),
     sa.Column('availability', sa.String(length=16), nullable=True),
+    sa.Column('retry_at', sa.DateTime(timezone=True), nullable=True),
     sa.PrimaryKeyConstraint('name')
     )
     op.create_table('workers',
@@ -84,6 +85,7 @@ def upgrade() -> None:
     sa.Column('last_seen_at', sa.DateTime(timezone=True), nullable=True),
     sa.Column('delete_requested_at', sa.DateTime(timezone=True), nullable=True),
     sa.Column('deleted_at', sa.DateTime(timezone=True), nullable=True),
+    sa.Column('delete_reason', sa.String(length=64), nullable=True),
     sa.PrimaryKeyConstraint('id')
     )
     with op.batch_alter_table('workers', schema=None) as batch_op:

@@ -1,0 +1,45 @@
+# Murmur: `make demo` runs the whole pipeline on embedded defaults; `make test` runs the suite.
+VENV    ?= .venv
+PYTHON  ?= python3
+PY      := $(VENV)/bin/python
+STAMP   := $(VENV)/.installed-stamp
+
+.PHONY: install demo up test lint flower bench clean
+
+$(STAMP): requirements/control.txt requirements/worker.txt requirements/dev.txt setup.cfg pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements/dev.txt
+	$(PY) -m pip install -q --no-deps -e .
+	@touch $@
+
+install: $(STAMP)
+
+## demo: start Redis if needed, the API and control plane, transcribe samples/, stop everything
+demo: install
+	PYTHON=$(PY) scripts/with-redis.sh $(PY) -m app.stack demo
+
+## up: the same stack in the foreground on 127.0.0.1:$${MURMUR_PORT:-8000} until Ctrl-C
+up: install
+	PYTHON=$(PY) scripts/with-redis.sh $(PY) -m app.stack up
+
+## test: install and run the whole suite (needs Redis and PostgreSQL on 127.0.0.1)
+test: install
+	$(PY) -m pytest
+
+lint: install
+	$(VENV)/bin/ruff check app tasks gpu_worker tests bench
+	$(VENV)/bin/ruff format --check app tasks gpu_worker
+	$(VENV)/bin/mypy
+
+## flower: Celery's web UI on 127.0.0.1:5555, basic auth from MURMUR_FLOWER_AUTH (user:password)
+flower: install
+	@test -n "$$MURMUR_FLOWER_AUTH" || { echo "set MURMUR_FLOWER_AUTH=user:password" >&2; exit 1; }
+	$(VENV)/bin/celery -A tasks flower --address=127.0.0.1 --port=5555 --basic-auth="$$MURMUR_FLOWER_AUTH"
+
+bench: install
+	$(PY) bench/pipeline_overhead.py
+	$(PY) bench/reconcile.py
+
+clean:
+	rm -rf var .pytest_cache .mypy_cache .ruff_cache

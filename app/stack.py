@@ -1,0 +1,283 @@
+"""The local stack behind `make up` and `make demo`: API, control worker + beat, one process tree.
+
+Workers are not started here: the control plane's reconcile starts them through the `local`
+provider when jobs wait, exactly as it would create cloud instances, and deletes them when idle.
+On exit every process this started is stopped and every local worker is deleted.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO
+
+import requests
+
+from app.config import ConfigError, check_settings, load_settings
+
+ROOT = Path(__file__).resolve().parent.parent
+VAR = ROOT / "var"
+SECRETS_FILE = VAR / "dev-secrets.env"
+
+# Generated once per checkout for the local stack, kept in var/ (git-ignored, mode 0600).
+_DEV_SECRETS = (
+    "MURMUR_API_TOKEN",
+    "MURMUR_SIGNING_KEY",
+    "MURMUR_WEBHOOK_SECRET",
+    "MURMUR_ADMIN_TOKEN",
+)
+
+
+def dev_environment() -> dict[str, str]:
+    """os.environ plus generated local secrets for the ones the user did not set."""
+    env = dict(os.environ)
+    stored: dict[str, str] = {}
+    if SECRETS_FILE.exists():
+        for line in SECRETS_FILE.read_text().splitlines():
+            key, _, value = line.partition("=")
+            stored[key] = value
+    changed = False
+    for name in _DEV_SECRETS:
+        if env.get(name) or env.get(f"{name}_FILE"):
+            continue
+        if name not in stored:
+            stored[name] = secrets.token_urlsafe(32)
+            changed = True
+        env[name] = stored[name]
+    if changed:
+        VAR.mkdir(exist_ok=True)
+        SECRETS_FILE.write_text("".join(f"{k}={v}\n" for k, v in stored.items()))
+        SECRETS_FILE.chmod(0o600)
+    return env
+
+
+class _Tail(threading.Thread):
+    """Copies a child's output to its log file and echoes the lines an operator should see."""
+
+    def __init__(self, name: str, stream: IO[bytes], log: Path, echo: tuple[str, ...]) -> None:
+        super().__init__(daemon=True)
+        self.name_ = name
+        self.stream = stream
+        self.log = log
+        self.echo = echo
+
+    def run(self) -> None:
+        with self.log.open("ab") as out:
+            for raw in iter(self.stream.readline, b""):
+                out.write(raw)
+                out.flush()
+                line = raw.decode(errors="replace").rstrip()
+                if any(word in line for word in self.echo):
+                    print(f"[{self.name_}] {line}", flush=True)
+
+
+class Stack:
+    def __init__(self, env: dict[str, str], echo: tuple[str, ...]) -> None:
+        self.env = env
+        self.echo = echo
+        self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+        (VAR / "logs").mkdir(parents=True, exist_ok=True)
+
+    def start(self, name: str, args: list[str]) -> None:
+        proc = subprocess.Popen(
+            args,
+            env=self.env,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        assert proc.stdout is not None
+        _Tail(name, proc.stdout, VAR / "logs" / f"{name}.log", self.echo).start()
+        self.procs.append((name, proc))
+
+    def check_alive(self) -> None:
+        for name, proc in self.procs:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with {proc.returncode}; see var/logs/{name}.log")
+
+    def stop(self) -> None:
+        for _name, proc in reversed(self.procs):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for _name, proc in reversed(self.procs):
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+
+
+def _teardown_local_workers(env: dict[str, str]) -> int:
+    """Delete every worker the local provider still runs (the control worker is gone by now)."""
+    try:
+        from tasks.fleet.teardown import delete_all_local_workers
+    except ImportError:
+        return 0
+    old = dict(os.environ)
+    os.environ.update(env)
+    try:
+        return int(delete_all_local_workers())
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+
+
+@contextmanager
+def running_stack(env: dict[str, str], echo: tuple[str, ...]) -> Iterator[str]:
+    try:
+        settings = load_settings(env=env)
+    except ConfigError as exc:
+        raise SystemExit("configuration problems:\n  - " + "\n  - ".join(exc.problems)) from None
+    problems = check_settings(settings)
+    if problems:
+        raise SystemExit("configuration problems:\n  - " + "\n  - ".join(problems))
+    from app.migrate import upgrade
+
+    upgrade(settings.database_url)
+    url = f"http://{settings.api.host}:{settings.api.port}"
+    stack = Stack(env, echo)
+    py = sys.executable
+    try:
+        stack.start(
+            "api",
+            [
+                py,
+                "-m",
+                "gunicorn",
+                "app:create_app()",
+                "--bind",
+                f"{settings.api.host}:{settings.api.port}",
+                "--workers",
+                "2",
+                "--worker-class",
+                "gthread",
+                "--threads",
+                "8",
+                "--timeout",
+                "620",
+                "--graceful-timeout",
+                "30",
+            ],
+        )
+        stack.start(
+            "control",
+            [
+                py,
+                "-m",
+                "celery",
+                "-A",
+                "tasks",
+                "worker",
+                "-Q",
+                "control",
+                "-B",
+                "--concurrency",
+                "2",
+                "--loglevel",
+                "INFO",
+                "--schedule",
+                str(VAR / "celerybeat-schedule"),
+                "-n",
+                "control@%h",
+            ],
+        )
+        deadline = time.monotonic() + 60
+        while True:
+            stack.check_alive()
+            try:
+                if requests.get(f"{url}/readyz", timeout=2).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("the API did not become ready in 60 s; see var/logs/api.log")
+            time.sleep(0.3)
+        yield url
+    finally:
+        stack.stop()
+        deleted = _teardown_local_workers(env)
+        if deleted:
+            print(f"deleted {deleted} local worker(s) left running", flush=True)
+
+
+FLEET_WORDS = ("fleet", "provision", "out_of_stock", "fallback", "deleted worker", "ready")
+
+
+def up() -> int:
+    env = dev_environment()
+    with running_stack(env, echo=FLEET_WORDS) as url:
+        token = env["MURMUR_API_TOKEN"].split(",")[0]
+        print(f"Murmur is up at {url}  (logs in var/logs/, Ctrl-C to stop)")
+        print(f"API token: {token}")
+        print(
+            f"  curl -H 'Authorization: Bearer {token}' -F file=@samples/welcome.wav {url}/v1/jobs"
+        )
+        try:
+            while True:
+                time.sleep(1)
+        except KeyboardInterrupt:
+            print("\nstopping…", flush=True)
+    return 0
+
+
+def demo(files: list[str]) -> int:
+    env = dev_environment()
+    env.setdefault("MURMUR_CONFIG", str(ROOT / "config" / "demo.toml"))
+    token = env["MURMUR_API_TOKEN"].split(",")[0]
+    headers = {"Authorization": f"Bearer {token}"}
+    with running_stack(env, echo=FLEET_WORDS) as url:
+        print(f"Murmur is up at {url}; transcribing {len(files)} file(s)", flush=True)
+        for name in files:
+            path = Path(name)
+            with path.open("rb") as fh:
+                response = requests.post(
+                    f"{url}/v1/jobs", headers=headers, files={"file": (path.name, fh)}, timeout=60
+                )
+            response.raise_for_status()
+            job = response.json()
+            print(
+                f"submitted {path.name} as {job['id']} ({job['duration_seconds']:.1f} s)",
+                flush=True,
+            )
+            deadline = time.monotonic() + 300
+            while job["status"] not in ("succeeded", "failed", "cancelled"):
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"{job['id']} still {job['status']} after 300 s")
+                time.sleep(0.5)
+                job = requests.get(f"{url}/v1/jobs/{job['id']}", headers=headers, timeout=10).json()
+            if job["status"] != "succeeded":
+                raise SystemExit(f"{job['id']} {job['status']}: {job['error']}")
+            text = requests.get(
+                f"{url}/v1/jobs/{job['id']}/transcript",
+                params={"format": "txt"},
+                headers=headers,
+                timeout=10,
+            ).text
+            print(
+                f"\n--- transcript of {path.name} (profile {job['profile']}, "
+                f"{job['processing_seconds']:.2f} s) ---\n{text.strip()}\n",
+                flush=True,
+            )
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in ("up", "demo"):
+        print("usage: python -m app.stack up | demo FILE...", file=sys.stderr)
+        return 2
+    if argv[0] == "up":
+        return up()
+    return demo(argv[1:] or sorted(str(p) for p in (ROOT / "samples").glob("*.wav")))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
