@@ -32,6 +32,11 @@ def dispatch_job(db: Database, celery: Celery, job_id: str, profile: str) -> boo
         )
     if not moved:
         return False
+    return send_dispatched(db, celery, job_id, profile)
+
+
+def send_dispatched(db: Database, celery: Celery, job_id: str, profile: str) -> bool:
+    """Send the message for a job already marked dispatched; on failure put it back to queued."""
     try:
         celery.send_task(TRANSCRIBE_TASK, args=[job_id], queue=f"transcribe.{profile}", retry=False)
     except Exception as exc:  # broker down: keep the job, reconcile dispatches it later

@@ -407,3 +407,17 @@ def test_broker_down_keeps_the_job_and_dispatches_it_later(
 
     assert redis.Redis.from_url(live_api.settings.redis_url).llen("transcribe.local-cpu") == 1
     assert api_get(live_api, f"/v1/jobs/{job['id']}").json()["status"] == "dispatched"
+
+
+def test_compressed_upload_transcribes(live_api: LiveApi, start_worker: Any) -> None:
+    from tests.audio_encode import encode
+
+    start_worker()
+    mp3 = encode(FIXTURES / "speech-short.wav", "mp3", "libmp3lame", 16000)
+    response = requests.post(
+        f"{live_api.url}/v1/jobs", headers=auth(), files={"file": ("memo.mp3", mp3)}, timeout=30
+    )
+    assert response.status_code == 202, response.text
+    done = wait_job(live_api, response.json()["id"])
+    assert done["status"] == "succeeded", done
+    assert wer((FIXTURES / "speech-short.txt").read_text(), done["text"]) <= 0.25

@@ -104,8 +104,15 @@ def find_idempotent(db: Database, owner: str, key: str) -> Job | None:
         ).scalar_one_or_none()
 
 
-def insert_job(db: Database, req: JobRequest, **fields: Any) -> tuple[Job, bool]:
-    """Commit a new job row; (job, created). An idempotency key already used returns that job."""
+def insert_job(
+    db: Database, req: JobRequest, settings: Settings | None = None, **fields: Any
+) -> tuple[Job, bool]:
+    """Commit a new job row; (job, created). An idempotency key already used returns that job.
+
+    With `settings` and stored audio, the job is routed in the same transaction: it is written
+    as `dispatched` to the first profile with a live worker, and the caller sends the message
+    (`tasks.dispatch.send_dispatched`). Otherwise it stays `queued` for the reconcile.
+    """
     job = Job(
         owner=req.owner,
         source=req.source,
@@ -122,6 +129,13 @@ def insert_job(db: Database, req: JobRequest, **fields: Any) -> tuple[Job, bool]
     )
     try:
         with db.session() as s:
+            if settings is not None and job.audio_key is not None:
+                now = utcnow()
+                profile = routable_profile(s, settings, now)
+                if profile is not None:
+                    job.status = JobStatus.DISPATCHED.value
+                    job.profile = profile
+                    job.dispatched_at = now
             s.add(job)
     except IntegrityError:
         if req.idempotency_key is None:
@@ -167,6 +181,7 @@ def routable_profile(session: Session, settings: Settings, now: datetime) -> str
 
 
 def try_dispatch_now(db: Database, settings: Settings, celery: Celery, job_id: str) -> bool:
+    """Dispatch a queued job at once if some profile has a live worker (else the reconcile will)."""
     from tasks.dispatch import dispatch_job
 
     with db.session() as s:

@@ -149,13 +149,17 @@ def create_upload_job(
     audio_key = staged.name + ".audio"
     svc.storage.commit(staged, audio_key)
     job, created = service.insert_job(
-        svc.db, req, audio_key=audio_key, size_bytes=size, duration_seconds=duration
+        svc.db, req, svc.settings, audio_key=audio_key, size_bytes=size, duration_seconds=duration
     )
     if not created:
         svc.storage.delete(audio_key)
         return service.job_json(job), False
-    service.try_dispatch_now(svc.db, svc.settings, svc.celery, job.id)
-    return service.job_json(service.get_job(svc.db, job.id)), True
+    if job.status == JobStatus.DISPATCHED.value and job.profile is not None:
+        from tasks.dispatch import send_dispatched
+
+        if not send_dispatched(svc.db, svc.celery, job.id, job.profile):
+            job = service.get_job(svc.db, job.id)  # back to queued: the reconcile retries
+    return service.job_json(job), True
 
 
 def _create_url_job(
