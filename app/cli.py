@@ -120,8 +120,11 @@ def _fail_on_error(response: requests.Response) -> Any:
     return body
 
 
-class _MultipartUpload(io.RawIOBase):
-    """A multipart body read from disk lazily, with a known length and a progress bar."""
+class _MultipartUpload:
+    """A multipart body read from disk lazily, with a known length and a progress bar.
+
+    Deliberately not an io class: requests would probe tell() and fall back to chunked encoding.
+    """
 
     def __init__(self, path: Path, fields: dict[str, str], bar: tqdm) -> None:
         self.boundary = uuid.uuid4().hex
@@ -145,9 +148,6 @@ class _MultipartUpload(io.RawIOBase):
 
     def __len__(self) -> int:
         return self._length
-
-    def readable(self) -> bool:
-        return True
 
     def read(self, size: int = -1) -> bytes:
         out = b""
@@ -174,8 +174,19 @@ class _MultipartUpload(io.RawIOBase):
 @click.option("--language", default=None, help="ISO 639-1 code, e.g. en.")
 @click.option("--words", is_flag=True, help="Ask for word timestamps.")
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds to wait with --wait.")
+@click.option(
+    "--progress/--no-progress",
+    default=None,
+    help="Progress bars on stderr (default: when stderr is a terminal).",
+)
 def submit(
-    file: Path, wait: bool, fmt: str, language: str | None, words: bool, timeout: float
+    file: Path,
+    wait: bool,
+    fmt: str,
+    language: str | None,
+    words: bool,
+    timeout: float,
+    progress: bool | None,
 ) -> None:
     """Upload FILE as a transcription job (and with --wait, print its transcript)."""
     url, headers = _client()
@@ -188,7 +199,7 @@ def submit(
         unit_scale=True,
         desc="upload",
         file=sys.stderr,
-        disable=None,
+        disable=None if progress is None else not progress,
     ) as bar:
         body = _MultipartUpload(file, fields, bar)
         response = requests.post(
@@ -205,7 +216,7 @@ def submit(
     if not wait:
         click.echo(json.dumps(job, indent=2))
         return
-    job = _wait(url, headers, job["id"], timeout)
+    job = _wait(url, headers, job["id"], timeout, progress)
     if job["status"] != "succeeded":
         err = job.get("error") or {}
         raise click.ClickException(
@@ -219,10 +230,15 @@ def submit(
     click.echo(response.text.rstrip("\n"))
 
 
-def _wait(url: str, headers: dict[str, str], job_id: str, timeout: float) -> dict[str, Any]:
+def _wait(
+    url: str, headers: dict[str, str], job_id: str, timeout: float, progress: bool | None
+) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     with tqdm(
-        desc=f"{job_id} queued", bar_format="{desc} {elapsed}", file=sys.stderr, disable=None
+        desc=f"{job_id} queued",
+        bar_format="{desc} {elapsed}",
+        file=sys.stderr,
+        disable=None if progress is None else not progress,
     ) as bar:
         while True:
             job: dict[str, Any] = _fail_on_error(
@@ -268,3 +284,5 @@ def _register_optional_commands() -> None:
 
 
 _register_optional_commands()
+if __name__ == "__main__":
+    main()
