@@ -322,6 +322,12 @@ def check_settings(settings: Settings, *, role: str = "control") -> list[str]:
         if p.provider == "scaleway":
             if not p.image:
                 problems.append(f"{where}.image: required for the scaleway provider")
+            if p.hourly_cost_eur <= 0:
+                # The budget bounds cost with this figure: a free-looking GPU would escape it.
+                problems.append(
+                    f"{where}.hourly_cost_eur: required for the scaleway provider "
+                    "(the budget counts it)"
+                )
             sg = settings.security_groups.get(p.security_group)
             if not p.security_group:
                 problems.append(f"{where}.security_group: required for the scaleway provider")

@@ -1,0 +1,92 @@
+"""`murmur fleet`: print the fleet (profiles, costs, workers) straight from the database and Redis.
+
+It reads what `/v1/fleet` reads, so it works on the control host even when the API is down,
+and needs no admin token (whoever can read the config and database already sees everything).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+import redis
+
+from app.config import ConfigError, load_settings
+from app.db import Database
+from app.fleet.service import fleet_overview
+from app.models import utcnow
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    if s < 120:
+        return f"{s}s"
+    if s < 7200:
+        return f"{s // 60}m"
+    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+
+
+def _eur(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def render(view: dict[str, Any]) -> str:
+    """The overview as text: budget, profiles, held-back reasons, workers."""
+    b = view["budget"]
+    lines = [
+        f"budget: {_eur(b['current_hourly_eur'])} EUR/h now, "
+        f"{_eur(b['planned_hourly_eur'])} planned, max {_eur(b['max_hourly_eur'])}",
+        f"waiting jobs: {view['waiting_jobs']} (oldest {_age(view['oldest_waiting_seconds'])})",
+        "",
+        f"{'PROFILE':<16} {'ON':<3} {'BACKOFF UNTIL':<20} {'WORKERS':<28} {'QUEUE':>5} "
+        f"{'EUR/H NOW':>9} {'PLANNED':>8}  LAST ERROR",
+    ]
+    for p in view["profiles"]:
+        workers = ", ".join(f"{k}={v}" for k, v in sorted(p["workers"].items())) or "-"
+        held = p["backoff_until"] or (f"retry {p['retry_at']}" if p["retry_at"] else "-")
+        depth = "-" if p["queue_depth"] is None else str(p["queue_depth"])
+        lines.append(
+            f"{p['name']:<16} {'yes' if p['enabled'] else 'no':<3} {held:<20} {workers:<28} "
+            f"{depth:>5} {_eur(p['current_hourly_eur']):>9} {_eur(p['planned_hourly_eur']):>8}  "
+            f"{p['last_error'] or '-'}"
+        )
+    plan = view["plan"]
+    if plan and plan["held_back"]:
+        lines += ["", "held back:"] + [f"  - {reason}" for reason in plan["held_back"]]
+    lines += [
+        "",
+        f"{'WORKER':<38} {'PROFILE':<14} {'STATE':<9} {'AGE':>6} {'REPORT':>6}  "
+        "TIMINGS (s after request)",
+    ]
+    for w in view["workers"]:
+        timings = " ".join(f"{k}={v:g}" for k, v in w["timings"].items() if v is not None)
+        note = f"  [{w['delete_reason']}]" if w["delete_reason"] else ""
+        lines.append(
+            f"{w['id']:<38} {w['profile']:<14} {w['state']:<9} {_age(w['age_seconds']):>6} "
+            f"{_age(w['last_report_age_seconds']):>6}  {timings or '-'}{note}"
+        )
+    if not view["workers"]:
+        lines.append("(no workers)")
+    return "\n".join(lines)
+
+
+@click.command("fleet")
+@click.option("--json", "as_json", is_flag=True, help="Print the same JSON as GET /v1/fleet.")
+def fleet_command(as_json: bool) -> None:
+    """Show profiles (back-off, workers, queue, costs, last error) and workers (lifecycle)."""
+    try:
+        settings = load_settings()
+    except ConfigError as exc:
+        click.echo("configuration problems:\n  - " + "\n  - ".join(exc.problems), err=True)
+        sys.exit(1)
+    db = Database(settings.database_url)
+    client = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
+    try:
+        view = fleet_overview(settings, db, client, utcnow())
+    finally:
+        db.dispose()
+    click.echo(json.dumps(view, indent=2) if as_json else render(view))

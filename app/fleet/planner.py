@@ -1,0 +1,534 @@
+"""The fleet planner: a pure function from a snapshot of the fleet to the actions that fix it.
+
+`plan_fleet(state)` reads frozen dataclasses (profiles in allowlist order, workers, provider
+inventory, job aggregates) and returns a `FleetPlan`. It does no I/O and reads no clock: the
+snapshot carries `now`. Jobs arrive aggregated (counts per profile, plus a bounded list of the
+ids that could be dispatched or re-routed this round), so the work grows with profiles and
+workers, never with the backlog.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from app.models import WorkerState
+
+_LIVE = frozenset(
+    {
+        WorkerState.REQUESTED.value,
+        WorkerState.CREATING.value,
+        WorkerState.BOOTING.value,
+        WorkerState.READY.value,
+        WorkerState.DRAINING.value,
+    }
+)
+# States in which a worker takes new jobs from its profile's queue (or will once booted).
+_SERVING = _LIVE - {WorkerState.DRAINING.value}
+_STARTING = frozenset({WorkerState.REQUESTED.value, WorkerState.CREATING.value})
+# Provider states meaning "powered off"; the Go SDK spells one of them with spaces.
+STOPPED_STATES = frozenset({"stopped", "stopped in place", "stopped_in_place"})
+_BUDGET_EPSILON = 1e-9
+
+
+# --- input -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FleetRules:
+    """The bounds and timeouts the plan obeys (built from `Settings.fleet` and `.budget`)."""
+
+    idle_timeout: timedelta
+    boot_timeout: timedelta
+    # A worker still REQUESTED/CREATING after this was left behind by an interrupted reconcile.
+    create_timeout: timedelta
+    # None when workers send no usage reports, so silence proves nothing.
+    heartbeat_timeout: timedelta | None
+    max_hourly_eur: float
+    max_dispatch: int = 200
+    max_provisions: int = 10
+
+
+@dataclass(frozen=True)
+class ProfileSnapshot:
+    """One allowlisted profile as configured, plus what the fleet learned about it."""
+
+    name: str
+    provider: str
+    enabled: bool
+    max_workers: int
+    hourly_cost_eur: float
+    backoff_until: datetime | None = None
+    retry_at: datetime | None = None
+    last_error: str | None = None
+    queue_depth: int | None = None  # LLEN of transcribe.<name>; may include stale messages
+
+
+@dataclass(frozen=True)
+class WorkerSnapshot:
+    """A worker row that still owns (or may own) provider resources."""
+
+    id: str
+    profile: str
+    provider: str
+    state: str
+    requested_at: datetime
+    instance_id: str | None = None
+    hourly_cost_eur: float = 0.0
+    busy: bool = False  # a job is claimed or running on it
+    created_at: datetime | None = None
+    booted_at: datetime | None = None
+    ready_at: datetime | None = None
+    idle_since: datetime | None = None
+    last_seen_at: datetime | None = None
+    error: str | None = None
+    delete_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class InstanceSnapshot:
+    """A tagged instance the provider reports, whoever created it."""
+
+    provider: str
+    instance_id: str
+    state: str
+    worker_id: str | None = None
+    profile: str | None = None
+
+
+@dataclass(frozen=True)
+class JobCounts:
+    """Jobs already committed to a profile's queue: waiting there, or running on its workers."""
+
+    profile: str
+    dispatched: int = 0
+    running: int = 0
+
+
+@dataclass(frozen=True)
+class ActiveJob:
+    """A dispatched or running job, for the re-route rules (a bounded sample, oldest first)."""
+
+    id: str
+    profile: str | None
+    status: str  # "dispatched" | "running"
+    worker_id: str | None = None
+
+
+@dataclass(frozen=True)
+class FleetState:
+    now: datetime
+    rules: FleetRules
+    profiles: tuple[ProfileSnapshot, ...]  # allowlist order = preference order
+    workers: tuple[WorkerSnapshot, ...] = ()
+    inventory: tuple[InstanceSnapshot, ...] = ()
+    # Providers whose inventory was read this round; absence proves nothing for the others.
+    inventory_known: frozenset[str] = frozenset()
+    queued: int = 0  # jobs waiting for any profile (queued, audio stored)
+    oldest_queued_at: datetime | None = None
+    dispatchable: tuple[str, ...] = ()  # oldest queued job ids, at most a few hundred
+    job_counts: tuple[JobCounts, ...] = ()
+    active_jobs: tuple[ActiveJob, ...] = ()
+
+
+# --- output ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MarkBooted:
+    worker_id: str
+
+
+@dataclass(frozen=True)
+class MarkDead:
+    worker_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Requeue:
+    job_id: str
+    from_profile: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    job_id: str
+    profile: str
+
+
+@dataclass(frozen=True)
+class Provision:
+    profile: str
+    hourly_cost_eur: float
+
+
+@dataclass(frozen=True)
+class Delete:
+    worker_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class DeleteOrphan:
+    provider: str
+    instance_id: str
+    worker_id: str | None
+    profile: str | None
+
+
+Action = MarkBooted | MarkDead | Requeue | Dispatch | Provision | Delete | DeleteOrphan
+
+
+@dataclass(frozen=True)
+class ProfilePlan:
+    """What the plan means for one profile, for `/v1/fleet` and the logs."""
+
+    name: str
+    status: str  # ok | disabled | no-capacity | backoff | held | removed
+    live_workers: int
+    new_workers: int
+    hourly_eur: float  # live + new workers of this profile
+    dispatched: int  # jobs on its queue after this plan
+    running: int
+
+
+@dataclass(frozen=True)
+class FleetPlan:
+    now: datetime
+    actions: tuple[Action, ...]
+    # Why demand was not fully met: a cost bound, a back-off, a held profile, ...
+    held_back: tuple[str, ...]
+    profiles: tuple[ProfilePlan, ...]
+    current_hourly_eur: float
+    planned_hourly_eur: float
+    waiting: int  # queued jobs left without a worker slot after this plan
+
+
+# --- the planner -----------------------------------------------------------------------------
+
+
+@dataclass
+class _Tally:
+    """Mutable per-profile bookkeeping while planning (never leaves this module)."""
+
+    live: int = 0  # live workers not marked dead this round
+    serving: int = 0  # live, not draining
+    dispatched: int = 0
+    running: int = 0
+    new: int = 0
+    hourly_eur: float = 0.0
+    status: str = "ok"
+    workers: list[WorkerSnapshot] = field(default_factory=list)
+
+
+def _age(now: datetime, since: datetime | None) -> timedelta | None:
+    return None if since is None else now - since
+
+
+def _fmt(td: timedelta) -> str:
+    return f"{int(td.total_seconds())}s"
+
+
+def plan_fleet(state: FleetState) -> FleetPlan:
+    """Every action that brings the fleet toward the demand, within every bound."""
+    now, rules = state.now, state.rules
+    profiles = {p.name: p for p in state.profiles}
+    instances = {(i.provider, i.instance_id): i for i in state.inventory}
+    tallies: dict[str, _Tally] = {p.name: _Tally() for p in state.profiles}
+
+    def tally(name: str) -> _Tally:
+        if name not in tallies:  # a profile removed from the config that still has workers/jobs
+            tallies[name] = _Tally(status="removed")
+        return tallies[name]
+
+    booted: list[Action] = []
+    dead: dict[str, str] = {}
+    teardown: list[Action] = []
+
+    # 1. Lifecycle facts and dead workers.
+    for w in state.workers:
+        inst = instances.get((w.provider, w.instance_id)) if w.instance_id else None
+        reason = _death(w, inst, state)
+        if reason is not None:
+            dead[w.id] = reason
+            continue
+        if (
+            w.state in _LIVE
+            and w.booted_at is None
+            and inst is not None
+            and inst.state == "running"
+        ):
+            booted.append(MarkBooted(w.id))
+        elif w.state == WorkerState.DELETING.value or w.state == WorkerState.FAILED.value:
+            # Teardown not confirmed yet (or a worker rejected at readiness): keep at it.
+            teardown.append(Delete(w.id, w.delete_reason or _short(w.error) or "failed"))
+
+    live_ids: set[str] = set()
+    current_eur = 0.0
+    for w in state.workers:
+        if w.state != WorkerState.FAILED.value or w.instance_id is not None:
+            current_eur += w.hourly_cost_eur  # billed until the provider confirms deletion
+        if w.state in _LIVE and w.id not in dead:
+            live_ids.add(w.id)
+            t = tally(w.profile)
+            t.live += 1
+            t.serving += w.state in _SERVING
+            t.hourly_eur += w.hourly_cost_eur
+            t.workers.append(w)
+
+    for c in state.job_counts:
+        t = tally(c.profile)
+        t.dispatched += c.dispatched
+        t.running += c.running
+
+    # 2. Re-route jobs that lost their worker, or whose profile has no live worker left.
+    requeues: list[Requeue] = []
+    for j in state.active_jobs:
+        if j.profile is None:
+            continue
+        t = tally(j.profile)
+        lost_worker = (
+            j.status == "running" and j.worker_id is not None and j.worker_id not in live_ids
+        )
+        no_worker = t.serving == 0 and (j.status == "dispatched" or j.worker_id is None)
+        if not (lost_worker or no_worker):
+            continue
+        reason = (
+            f"worker {j.worker_id} {dead.get(j.worker_id or '', 'is gone')}"
+            if lost_worker
+            else f"profile {j.profile} has no live worker"
+        )
+        requeues.append(Requeue(j.id, j.profile, reason))
+        if j.status == "running":
+            t.running = max(0, t.running - 1)
+        else:
+            t.dispatched = max(0, t.dispatched - 1)
+
+    # 3. Dispatch waiting jobs to free worker slots, in profile order. A worker runs one job at
+    # a time, so a profile takes as many jobs as it has live, idle workers not already promised
+    # a job; booting workers count, their jobs wait on the queue until they are ready.
+    waiting = state.queued + len(requeues)
+    pool = list(dict.fromkeys([r.job_id for r in requeues] + list(state.dispatchable)))
+    dispatches: list[Dispatch] = []
+    dispatch_left = rules.max_dispatch
+    spare_slots = 0
+    for p in state.profiles:
+        t = tallies[p.name]
+        if not p.enabled:
+            continue
+        free = sum(1 for w in t.workers if w.state in _SERVING and not w.busy) - t.dispatched
+        n = max(0, min(free, len(pool), dispatch_left))
+        dispatches.extend(Dispatch(job_id, p.name) for job_id in pool[:n])
+        del pool[:n]
+        dispatch_left -= n
+        waiting -= n
+        t.dispatched += n
+        # Slots left free only because this round offered no more ids: they take jobs next
+        # round, so nobody provisions a worker for those jobs.
+        spare_slots += max(0, free - n)
+    waiting = max(0, waiting)
+
+    # 4. Provision for what still waits: the first profile, in order, that can get a worker.
+    # Capacity reasons (disabled, no capacity, out-of-stock back-off, max_workers, budget) move
+    # on to the next profile; a profile held after another error stops the walk, because
+    # falling back there would hide the error behind a different machine type.
+    for p in state.profiles:
+        tallies[p.name].status = _availability(p, now)
+    held_back: list[str] = []
+    provisions: list[Provision] = []
+    planned_eur = current_eur
+    unmet = max(0, waiting - spare_slots)
+    provisions_left = rules.max_provisions
+
+    def add_workers(p: ProfileSnapshot, want: int) -> int:
+        """Up to `want` new workers on `p` within max_workers, budget and the round's limit."""
+        nonlocal planned_eur, provisions_left
+        t = tallies[p.name]
+        added = 0
+        while added < want and provisions_left > 0 and t.live + t.new < p.max_workers:
+            if planned_eur + p.hourly_cost_eur > rules.max_hourly_eur + _BUDGET_EPSILON:
+                held_back.append(
+                    f"{p.name}: budget of {rules.max_hourly_eur:.2f} EUR/h reached "
+                    f"(planned {planned_eur:.2f}, one more worker costs {p.hourly_cost_eur:.2f})"
+                )
+                break
+            provisions.append(Provision(p.name, p.hourly_cost_eur))
+            planned_eur += p.hourly_cost_eur
+            t.hourly_eur += p.hourly_cost_eur
+            t.new += 1
+            added += 1
+            provisions_left -= 1
+        if added < want and provisions_left == 0:
+            held_back.append(
+                f"at most {rules.max_provisions} new workers per round; more next round"
+            )
+        return added
+
+    # Jobs already on a profile's queue (the API dispatches at once to a warm profile) beyond
+    # its free workers need more workers of that same profile; they wait otherwise.
+    for p in state.profiles:
+        t = tallies[p.name]
+        free = sum(1 for w in t.workers if w.state in _SERVING and not w.busy)
+        backlog = max(0, t.dispatched - free)
+        if backlog and t.status == "ok":
+            add_workers(p, min(backlog, p.max_workers - t.live))
+
+    for p in state.profiles:
+        if unmet == 0:
+            break
+        t = tallies[p.name]
+        if t.status == "disabled":
+            held_back.append(f"{p.name}: disabled")
+            continue
+        if t.status == "no-capacity":
+            held_back.append(f"{p.name}: max_workers is 0")
+            continue
+        if t.status == "backoff":
+            until = p.backoff_until.isoformat() if p.backoff_until else "?"
+            held_back.append(f"{p.name}: out of stock, backing off until {until}")
+            continue
+        if t.status == "held":
+            until = p.retry_at.isoformat() if p.retry_at else "?"
+            held_back.append(
+                f"{p.name}: last provisioning failed ({p.last_error or 'error'}); next attempt "
+                f"at {until}; not falling back to another profile"
+            )
+            break
+        room = p.max_workers - t.live - t.new
+        if room <= 0:
+            held_back.append(f"{p.name}: at max_workers ({p.max_workers})")
+            continue
+        added = add_workers(p, min(room, unmet))
+        unmet -= added
+        if provisions_left == 0 and unmet > 0:
+            break
+        if unmet > 0 and added == room:
+            held_back.append(f"{p.name}: at max_workers ({p.max_workers})")
+    if unmet > 0:
+        held_back.append(f"{unmet} job(s) waiting with no worker slot")
+
+    # 5. Tear down free workers that are drained, idle too long, or serve a profile that is
+    # disabled or gone, keeping enough of them to take the jobs already on their queue.
+    for name, t in tallies.items():
+        prof = profiles.get(name)
+        usable = prof is not None and prof.enabled
+        starting_free = sum(
+            1 for w in t.workers if w.state in _SERVING and w.state != "ready" and not w.busy
+        )
+        need = t.dispatched - starting_free
+        free_ready = sorted(
+            (w for w in t.workers if not w.busy and w.state in ("ready", "draining")),
+            key=_idle_ref,
+            reverse=True,  # keep the most recently idle ones
+        )
+        for w in free_ready:
+            if w.state == WorkerState.DRAINING.value:
+                teardown.append(Delete(w.id, "drained"))
+                continue
+            if need > 0:
+                need -= 1
+                continue
+            if not usable:
+                teardown.append(
+                    Delete(w.id, "profile disabled" if prof is not None else "profile removed")
+                )
+            elif waiting == 0 and now - _idle_ref(w) >= rules.idle_timeout:
+                teardown.append(Delete(w.id, "idle"))
+
+    # 6. Instances nobody owns: unknown worker, or a worker that no longer claims them.
+    owned = {(w.provider, w.instance_id) for w in state.workers if w.instance_id}
+    starting = {w.id for w in state.workers if w.state in _STARTING and w.instance_id is None}
+    orphans: list[Action] = [
+        DeleteOrphan(i.provider, i.instance_id, i.worker_id, i.profile)
+        for i in state.inventory
+        if i.provider in state.inventory_known
+        and (i.provider, i.instance_id) not in owned
+        and i.worker_id not in starting
+    ]
+
+    marks: list[Action] = [MarkDead(wid, reason) for wid, reason in dead.items()]
+    deaths: list[Action] = [Delete(wid, _short(reason) or "dead") for wid, reason in dead.items()]
+    actions: tuple[Action, ...] = (
+        *booted,
+        *marks,
+        *requeues,
+        *dispatches,
+        *provisions,
+        *deaths,
+        *teardown,
+        *orphans,
+    )
+    summaries = tuple(
+        ProfilePlan(
+            name=name,
+            status=t.status,
+            live_workers=t.live,
+            new_workers=t.new,
+            hourly_eur=round(t.hourly_eur, 6),
+            dispatched=t.dispatched,
+            running=t.running,
+        )
+        for name, t in tallies.items()
+    )
+    return FleetPlan(
+        now=now,
+        actions=actions,
+        held_back=tuple(dict.fromkeys(held_back)),
+        profiles=summaries,
+        current_hourly_eur=round(current_eur, 6),
+        planned_hourly_eur=round(planned_eur, 6),
+        waiting=unmet,
+    )
+
+
+def _availability(p: ProfileSnapshot, now: datetime) -> str:
+    """Whether a profile may get a new worker now, and if not, why."""
+    if not p.enabled:
+        return "disabled"
+    if p.max_workers == 0:
+        return "no-capacity"
+    if p.backoff_until is not None and now < p.backoff_until:
+        return "backoff"
+    if p.retry_at is not None and now < p.retry_at:
+        return "held"
+    return "ok"
+
+
+def _idle_ref(w: WorkerSnapshot) -> datetime:
+    return w.idle_since or w.ready_at or w.created_at or w.requested_at
+
+
+def _short(reason: str | None) -> str | None:
+    """The head of a reason, short enough for `Worker.delete_reason`."""
+    if not reason:
+        return None
+    return reason.split(":", 1)[0][:64]
+
+
+def _death(w: WorkerSnapshot, inst: InstanceSnapshot | None, state: FleetState) -> str | None:
+    """Why a live worker must be declared dead (and its jobs re-routed), or None."""
+    now, rules = state.now, state.rules
+    if w.state in _STARTING:
+        age = _age(now, w.requested_at)
+        if age is not None and age > rules.create_timeout:
+            return f"provisioning interrupted: still {w.state} after {_fmt(age)}"
+        return None
+    if w.state not in _LIVE:
+        return None
+    if w.instance_id is not None and w.provider in state.inventory_known and inst is None:
+        return "instance gone: the provider no longer lists it"
+    if inst is not None and inst.state in STOPPED_STATES and w.booted_at is not None:
+        return f"instance stopped: the provider reports it {inst.state}"
+    if w.state == WorkerState.BOOTING.value:
+        age = _age(now, w.requested_at)
+        if age is not None and age > rules.boot_timeout:
+            return f"boot timeout: not ready {_fmt(age)} after it was requested"
+        return None
+    if rules.heartbeat_timeout is not None:
+        seen = w.last_seen_at or w.ready_at or w.created_at or w.requested_at
+        silent = now - seen
+        if silent > rules.heartbeat_timeout:
+            return f"no heartbeat: silent for {_fmt(silent)}"
+    return None

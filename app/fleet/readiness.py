@@ -1,0 +1,116 @@
+"""Readiness: compare the runtime a worker reports with its profile, then accept or reject it.
+
+`runtime_mismatches` is pure; `mark_ready` and `reject` only change the worker row inside the
+caller's session. A rejected worker is left FAILED with the reasons in `error`; the next
+reconcile deletes its instance and records why.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from app.config import Profile
+from app.fleet.catalog import SERVER_TYPES, supported_compute_types
+from app.models import Worker, WorkerState
+
+# The runtime fields that must equal the profile's (docs/worker-protocol.md, "Runtime").
+COMPARED_FIELDS = ("model", "compute_type", "vad", "alignment_device", "batch_size")
+_READYABLE = (WorkerState.REQUESTED.value, WorkerState.CREATING.value, WorkerState.BOOTING.value)
+
+
+def parse_capability(value: Any) -> tuple[int, int] | None:
+    """A CUDA capability from `[8, 9]`, `"8.9"`, `8.9` or `{"major": 8, "minor": 9}`; else None."""
+    try:
+        if isinstance(value, dict):
+            return int(value["major"]), int(value["minor"])
+        if isinstance(value, list | tuple) and len(value) == 2:
+            return int(value[0]), int(value[1])
+        if isinstance(value, str | float) and not isinstance(value, bool):
+            major, _, minor = str(value).partition(".")
+            return int(major), int(minor or 0)
+    except (KeyError, TypeError, ValueError):
+        return None
+    return None
+
+
+def runtime_mismatches(profile: Profile, runtime: dict[str, Any]) -> list[str]:
+    """Every way the reported runtime differs from what the profile requires (empty = ready)."""
+    problems: list[str] = []
+    for name in COMPARED_FIELDS:
+        expected = getattr(profile, name)
+        if name not in runtime or runtime[name] is None:
+            problems.append(f"{name}: not reported (profile {profile.name} requires {expected!r})")
+            continue
+        got = runtime[name]
+        same = (
+            isinstance(got, int) and not isinstance(got, bool) and got == expected
+            if name == "batch_size"
+            else got == expected
+        )
+        if not same:
+            problems.append(
+                f"{name}: worker runs {got!r}, profile {profile.name} requires {expected!r}"
+            )
+    reported_profile = runtime.get("profile")
+    if reported_profile is not None and reported_profile != profile.name:
+        problems.append(f"profile: worker runs {reported_profile!r}, expected {profile.name!r}")
+
+    stype = SERVER_TYPES.get(profile.server_type)
+    wants_gpu = stype is not None and stype.gpu is not None
+    device = runtime.get("device")
+    if device is not None and device != ("cuda" if wants_gpu else "cpu"):
+        problems.append(
+            f"device: worker runs on {device!r}, profile {profile.name} runs on "
+            f"{'a GPU (cuda)' if wants_gpu else 'the CPU'}"
+        )
+    if wants_gpu:
+        capability = parse_capability(runtime.get("cuda_capability"))
+        if capability is None:
+            problems.append(
+                f"cuda_capability: not reported; profile {profile.name} needs a GPU "
+                f"that can run {profile.compute_type}"
+            )
+        elif profile.compute_type not in supported_compute_types(capability):
+            need = "7.0" if "float16" in profile.compute_type else "a newer GPU"
+            if profile.compute_type == "bfloat16":
+                need = "8.0"
+            problems.append(
+                f"compute_type: {profile.compute_type} needs CUDA capability >= {need}; "
+                f"the worker's GPU has {capability[0]}.{capability[1]}"
+            )
+    return problems
+
+
+def mark_ready(session: Any, worker: Worker, runtime: dict[str, Any], now: datetime) -> None:
+    """Accept the worker: READY, consuming its queue from now on, idle until its first claim.
+
+    Idempotent: a worker that repeats its report keeps its first `ready_at`. A worker that is
+    already draining or being deleted is left alone.
+    """
+    worker.runtime = runtime
+    worker.last_seen_at = now
+    if worker.state in _READYABLE:
+        worker.state = WorkerState.READY.value
+        worker.error = None
+    if worker.state != WorkerState.READY.value:
+        return
+    if worker.ready_at is None:
+        worker.ready_at = now
+    # The provider may not have been polled since it came up; a worker that answers has booted.
+    if worker.booted_at is None:
+        worker.booted_at = now
+    if worker.current_job_id is None and worker.idle_since is None:
+        worker.idle_since = now
+    session.add(worker)
+
+
+def reject(session: Any, worker: Worker, problems: list[str], now: datetime) -> None:
+    """Refuse the worker: FAILED with the reasons; the next reconcile deletes its instance."""
+    worker.state = WorkerState.FAILED.value
+    worker.error = "runtime rejected: " + "; ".join(problems)
+    worker.delete_reason = "runtime rejected"
+    worker.last_seen_at = now
+    if worker.delete_requested_at is None:
+        worker.delete_requested_at = now
+    session.add(worker)

@@ -1,0 +1,196 @@
+"""The operators' view of the fleet, per profile and per worker: `/v1/fleet` and `murmur fleet`.
+
+Read-only: profiles from the configuration, what the fleet learned (back-off, errors) and the
+workers from the database, queue depths and the last published plan from Redis.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import redis
+from sqlalchemy import func, or_, select
+
+from app.config import Settings
+from app.db import Database
+from app.models import LIVE_WORKER_STATES, Job, JobStatus, ProfileState, Worker, WorkerState
+
+# Written by each reconcile run (tasks.fleet.reconcile), read here.
+PLAN_KEY = "murmur:fleet:plan"
+# Deleted workers stay listed this long, so an operator sees what just happened.
+RECENTLY_DELETED = timedelta(hours=1)
+MAX_LISTED_WORKERS = 500
+_BILLED = (*LIVE_WORKER_STATES, WorkerState.DELETING.value)
+_TIMINGS = (
+    ("created", "created_at"),
+    ("booted", "booted_at"),
+    ("ready", "ready_at"),
+    ("first_job", "first_job_at"),
+    ("idle", "idle_since"),
+    ("delete_requested", "delete_requested_at"),
+    ("deleted", "deleted_at"),
+)
+
+
+def read_plan(client: redis.Redis) -> dict[str, Any] | None:
+    """The last plan a reconcile published, or None (no run lately, or Redis unreachable)."""
+    try:
+        raw = client.get(PLAN_KEY)
+    except redis.RedisError:
+        return None
+    if not raw:
+        return None
+    try:
+        plan: dict[str, Any] = json.loads(raw)
+    except ValueError:
+        return None
+    return plan
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    if value is None:
+        return None
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _iso(value: datetime | None) -> str | None:
+    v = _utc(value)
+    return v.isoformat(timespec="seconds") if v else None
+
+
+def _seconds(a: datetime | None, b: datetime | None) -> float | None:
+    a, b = _utc(a), _utc(b)
+    return None if a is None or b is None else round((b - a).total_seconds(), 1)
+
+
+def queue_depths(client: redis.Redis, names: list[str]) -> dict[str, int | None]:
+    """LLEN of each `transcribe.<profile>` list; None when Redis cannot say."""
+    try:
+        pipe = client.pipeline(transaction=False)
+        for name in names:
+            pipe.llen(f"transcribe.{name}")
+        return {n: int(v) for n, v in zip(names, pipe.execute(), strict=True)}
+    except redis.RedisError:
+        return dict.fromkeys(names)
+
+
+def fleet_overview(
+    settings: Settings, db: Database, client: redis.Redis, now: datetime
+) -> dict[str, Any]:
+    names = [p.name for p in settings.profiles]
+    with db.session() as s:
+        learned = {r.name: r for r in s.scalars(select(ProfileState))}
+        workers = list(
+            s.scalars(
+                select(Worker)
+                .where(
+                    or_(Worker.deleted_at.is_(None), Worker.deleted_at >= now - RECENTLY_DELETED)
+                )
+                .order_by(Worker.requested_at.desc())
+                .limit(MAX_LISTED_WORKERS)
+            )
+        )
+        job_rows = s.execute(
+            select(Job.profile, Job.status, func.count())
+            .where(Job.status.in_([JobStatus.DISPATCHED.value, JobStatus.RUNNING.value]))
+            .group_by(Job.profile, Job.status)
+        ).all()
+        waiting = s.execute(
+            select(func.count(), func.min(Job.created_at)).where(
+                Job.status == JobStatus.QUEUED.value
+            )
+        ).one()
+    jobs: dict[str, dict[str, int]] = {}
+    for profile, status, count in job_rows:
+        jobs.setdefault(profile or "", {})[status] = int(count)
+    depths = queue_depths(client, names)
+    plan = read_plan(client)
+    planned_profiles: dict[str, Any] = (plan or {}).get("profiles", {})
+
+    profiles = []
+    for p in settings.profiles:
+        st = learned.get(p.name)
+        mine = [w for w in workers if w.profile == p.name]
+        by_state: dict[str, int] = {}
+        for w in mine:
+            if w.deleted_at is None:
+                by_state[w.state] = by_state.get(w.state, 0) + 1
+        current = sum(
+            w.hourly_cost_eur for w in mine if w.state in _BILLED and w.deleted_at is None
+        )
+        backoff = _utc(st.backoff_until) if st else None
+        retry = _utc(st.retry_at) if st else None
+        profiles.append(
+            {
+                "name": p.name,
+                "provider": p.provider,
+                "zone": p.zone,
+                "server_type": p.server_type,
+                "enabled": p.enabled,
+                "max_workers": p.max_workers,
+                "hourly_cost_eur": p.hourly_cost_eur,
+                "backoff_until": _iso(backoff) if backoff and backoff > now else None,
+                "consecutive_stockouts": st.consecutive_stockouts if st else 0,
+                "retry_at": _iso(retry) if retry and retry > now else None,
+                "availability": st.availability if st else None,
+                "last_error": st.last_error if st else None,
+                "last_error_at": _iso(st.last_error_at) if st else None,
+                "workers": by_state,
+                "queue_depth": depths.get(p.name),
+                "jobs": {
+                    "dispatched": jobs.get(p.name, {}).get(JobStatus.DISPATCHED.value, 0),
+                    "running": jobs.get(p.name, {}).get(JobStatus.RUNNING.value, 0),
+                },
+                "current_hourly_eur": round(current, 4),
+                "planned_hourly_eur": planned_profiles.get(p.name, {}).get("hourly_eur"),
+            }
+        )
+
+    current_total = sum(
+        w.hourly_cost_eur for w in workers if w.state in _BILLED and w.deleted_at is None
+    )
+    return {
+        "at": _iso(now),
+        "budget": {
+            "max_hourly_eur": settings.budget.max_hourly_eur,
+            "current_hourly_eur": round(current_total, 4),
+            "planned_hourly_eur": (plan or {}).get("planned_hourly_eur"),
+        },
+        "waiting_jobs": int(waiting[0] or 0),
+        "oldest_waiting_seconds": _seconds(waiting[1], now),
+        "plan": (
+            {
+                "at": plan.get("at"),
+                "held_back": plan.get("held_back", []),
+                "waiting": plan.get("waiting"),
+                "actions": plan.get("actions", {}),
+            }
+            if plan
+            else None
+        ),
+        "profiles": profiles,
+        "workers": [_worker(w, now) for w in workers],
+    }
+
+
+def _worker(w: Worker, now: datetime) -> dict[str, Any]:
+    end = w.deleted_at or now
+    return {
+        "id": w.id,
+        "profile": w.profile,
+        "provider": w.provider,
+        "instance_id": w.instance_id,
+        "state": w.state,
+        "age_seconds": _seconds(w.requested_at, end),
+        "last_report_age_seconds": _seconds(w.last_seen_at, now),
+        "current_job_id": w.current_job_id,
+        "jobs_done": w.jobs_done,
+        "hourly_cost_eur": w.hourly_cost_eur,
+        "error": w.error,
+        "delete_reason": w.delete_reason,
+        "requested_at": _iso(w.requested_at),
+        # Seconds from the request to each lifecycle step (None: not reached).
+        "timings": {name: _seconds(w.requested_at, getattr(w, col)) for name, col in _TIMINGS},
+    }

@@ -1,0 +1,412 @@
+"""Carry out a FleetPlan: provider calls, worker rows, profile back-off, job dispatch.
+
+Every step is safe to repeat: rows move by compare-and-set, a teardown picks up where the last
+one stopped, and dispatch/requeue go through tasks.dispatch. No database transaction is held
+open across a provider call. Out-of-stock is the one failure that ends the round early: the
+caller re-plans, and the next profile in order gets its chance within the same run.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import redis
+from sqlalchemy import update
+
+from app.config import Profile
+from app.db import rows_changed
+from app.fleet.cloudinit import worker_environment
+from app.fleet.planner import (
+    Delete,
+    DeleteOrphan,
+    Dispatch,
+    FleetPlan,
+    MarkBooted,
+    MarkDead,
+    Provision,
+    Requeue,
+)
+from app.models import LIVE_WORKER_STATES, ProfileState, Worker, WorkerState, new_id
+from app.observability import forget_worker, record_provision_attempt
+from tasks.dispatch import dispatch_job, requeue_job
+from tasks.fleet.services import FleetServices
+from tasks.fleet.snapshot import Snapshot
+from tasks.providers.base import (
+    Instance,
+    InvalidArgument,
+    OutOfStock,
+    PermissionDenied,
+    ProviderError,
+    ProviderTimeout,
+    ProviderUnavailable,
+    QuotaExceeded,
+    Teardown,
+)
+
+log = logging.getLogger("murmur.fleet")
+
+# How each provider error is counted in murmur_fleet_provision_attempts (app.observability).
+_OUTCOMES: tuple[tuple[type[ProviderError], str], ...] = (
+    (OutOfStock, "out_of_stock"),
+    (QuotaExceeded, "quota_exceeded"),
+    (PermissionDenied, "permission_denied"),
+    (InvalidArgument, "invalid_argument"),
+    (ProviderUnavailable, "provider_unavailable"),
+    (ProviderTimeout, "timeout"),
+)
+# Teardowns after which an operator may still want the worker's last log lines.
+_DEATHS = (
+    "no heartbeat",
+    "instance gone",
+    "instance stopped",
+    "boot timeout",
+    "provisioning interrupted",
+    "runtime rejected",
+)
+
+
+def _count_attempt(svc: FleetServices, profile: str, error: ProviderError | None) -> None:
+    outcome = "succeeded" if error is None else "error"
+    for kind, name in _OUTCOMES:
+        if isinstance(error, kind):
+            outcome = name
+            break
+    try:
+        record_provision_attempt(svc.redis, profile, outcome)
+    except redis.RedisError as exc:  # metrics never stop the fleet
+        log.warning("fleet: cannot count a provisioning attempt: %s", type(exc).__name__)
+
+
+def _forget(svc: FleetServices, worker_id: str, reason: str) -> None:
+    try:
+        forget_worker(svc.redis, worker_id, keep_log=reason.startswith(_DEATHS))
+    except redis.RedisError as exc:
+        log.warning("fleet: cannot drop worker %s's reports: %s", worker_id, type(exc).__name__)
+
+
+@dataclass
+class Outcome:
+    """What applying one plan did; `stocked_out` asks the caller to plan again."""
+
+    stocked_out: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    provisioned: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    dispatched: Counter[str] = field(default_factory=Counter)
+    requeued: int = 0
+
+
+def apply_plan(
+    svc: FleetServices,
+    snapshot: Snapshot,
+    plan: FleetPlan,
+    keep_lock: Callable[[], None] = lambda: None,
+) -> Outcome:
+    out = Outcome()
+    provisioning_stopped = False
+    for action in plan.actions:
+        keep_lock()
+        if isinstance(action, MarkBooted):
+            _mark_booted(svc, action.worker_id)
+        elif isinstance(action, MarkDead):
+            _mark_dead(svc, action)
+        elif isinstance(action, Requeue):
+            if requeue_job(svc.db, action.job_id, action.from_profile):
+                out.requeued += 1
+                log.info("fleet: re-route job %s: %s", action.job_id, action.reason)
+        elif isinstance(action, Dispatch):
+            if dispatch_job(svc.db, svc.celery, action.job_id, action.profile):
+                out.dispatched[action.profile] += 1
+        elif isinstance(action, Provision):
+            if provisioning_stopped:
+                continue
+            result = _provision(svc, action)
+            if isinstance(result, OutOfStock):
+                out.stocked_out.append(action.profile)
+                provisioning_stopped = True  # re-plan: the next profile gets this demand
+            elif isinstance(result, ProviderError):
+                out.errors.append(f"{action.profile}: {result.reason}")
+                provisioning_stopped = True  # no fallback on errors other than stock
+            else:
+                out.provisioned.append(result)
+        elif isinstance(action, Delete):
+            if _teardown(svc, action.worker_id, action.reason):
+                out.deleted.append(action.worker_id)
+        elif isinstance(action, DeleteOrphan):
+            worker_id = _adopt_orphan(
+                svc, action, snapshot.instances.get((action.provider, action.instance_id))
+            )
+            if _teardown(svc, worker_id, "orphan"):
+                out.deleted.append(worker_id)
+    for profile, n in sorted(out.dispatched.items()):
+        log.info("fleet: dispatched %d job(s) to %s", n, profile)
+    return out
+
+
+# -- lifecycle marks --------------------------------------------------------------------------
+
+
+def _mark_booted(svc: FleetServices, worker_id: str) -> None:
+    with svc.db.session() as s:
+        s.execute(
+            update(Worker)
+            .where(Worker.id == worker_id, Worker.booted_at.is_(None))
+            .values(booted_at=svc.clock())
+        )
+
+
+def _mark_dead(svc: FleetServices, action: MarkDead) -> None:
+    now = svc.clock()
+    with svc.db.session() as s:
+        moved = rows_changed(
+            s,
+            update(Worker)
+            .where(Worker.id == action.worker_id, Worker.state.in_(LIVE_WORKER_STATES))
+            .values(
+                state=WorkerState.DELETING.value,
+                error=action.reason,
+                delete_reason=action.reason.split(":", 1)[0][:64],
+                delete_requested_at=now,
+            ),
+        )
+    if moved:
+        log.warning("fleet: worker %s is dead (%s); deleting it", action.worker_id, action.reason)
+
+
+# -- provisioning -----------------------------------------------------------------------------
+
+
+def _profile_state(s: Any, name: str) -> ProfileState:
+    row: ProfileState | None = s.get(ProfileState, name)
+    if row is None:
+        row = ProfileState(name=name, consecutive_stockouts=0)
+        s.add(row)
+    return row
+
+
+def _provision(svc: FleetServices, action: Provision) -> str | ProviderError:
+    """Create one worker; its id, or the error that stopped it."""
+    settings = svc.settings
+    profile = settings.profile(action.profile)
+    worker_id = new_id("wrk")
+    now = svc.clock()
+    with svc.db.session() as s:
+        s.add(
+            Worker(
+                id=worker_id,
+                profile=profile.name,
+                provider=profile.provider,
+                state=WorkerState.REQUESTED.value,
+                hourly_cost_eur=profile.hourly_cost_eur,
+                requested_at=now,
+            )
+        )
+    try:
+        provider = svc.providers[profile.provider]
+        hint = provider.availability(profile)
+        if hint is not None:
+            with svc.db.session() as s:
+                _profile_state(s, profile.name).availability = hint
+
+        def bind(instance_id: str, resources: Mapping[str, Any]) -> Mapping[str, str]:
+            # Recorded before the instance can start, so a crash from here on leaks nothing.
+            with svc.db.session() as s:
+                s.execute(
+                    update(Worker)
+                    .where(Worker.id == worker_id)
+                    .values(
+                        instance_id=instance_id,
+                        resources=dict(resources),
+                        state=WorkerState.CREATING.value,
+                        created_at=svc.clock(),
+                    )
+                )
+            return worker_environment(settings, profile, worker_id, instance_id)
+
+        instance = provider.create(profile, worker_id, bind)
+    except ProviderError as exc:
+        _creation_failed(svc, worker_id, exc)
+        _count_attempt(svc, profile.name, exc)
+        if isinstance(exc, OutOfStock):
+            _stocked_out(svc, profile, exc)
+        else:
+            _hold(svc, profile, exc)
+        return exc
+    _created(svc, profile, worker_id, instance)
+    _count_attempt(svc, profile.name, None)
+    return worker_id
+
+
+def _created(svc: FleetServices, profile: Profile, worker_id: str, instance: Instance) -> None:
+    now = svc.clock()
+    with svc.db.session() as s:
+        # The worker may already have reported ready (a local process is quick): only move on
+        # from the creating states.
+        s.execute(
+            update(Worker)
+            .where(
+                Worker.id == worker_id,
+                Worker.state.in_([WorkerState.REQUESTED.value, WorkerState.CREATING.value]),
+            )
+            .values(state=WorkerState.BOOTING.value)
+        )
+        values: dict[str, Any] = {"resources": dict(instance.resources)}
+        s.execute(update(Worker).where(Worker.id == worker_id).values(**values))
+        if instance.state == "running":
+            s.execute(
+                update(Worker)
+                .where(Worker.id == worker_id, Worker.booted_at.is_(None))
+                .values(booted_at=now)
+            )
+        state = _profile_state(s, profile.name)
+        state.consecutive_stockouts = 0
+        state.backoff_until = None
+        state.retry_at = None
+    log.info(
+        "fleet: provision %s: worker %s on instance %s",
+        profile.name,
+        worker_id,
+        instance.instance_id,
+    )
+
+
+def _creation_failed(svc: FleetServices, worker_id: str, exc: ProviderError) -> None:
+    now = svc.clock()
+    with svc.db.session() as s:
+        row = s.get(Worker, worker_id)
+        if row is None:
+            return
+        row.error = exc.reason
+        row.delete_reason = "out of stock" if isinstance(exc, OutOfStock) else "provisioning failed"
+        row.delete_requested_at = now
+        if exc.instance_id is not None:
+            # Something was created and could not be removed yet: the next rounds finish it.
+            row.state = WorkerState.DELETING.value
+            row.instance_id = exc.instance_id
+            row.resources = dict(exc.resources)
+        else:
+            row.state = WorkerState.FAILED.value
+            row.deleted_at = now
+
+
+def _stocked_out(svc: FleetServices, profile: Profile, exc: ProviderError) -> None:
+    fleet = svc.settings.fleet
+    now = svc.clock()
+    with svc.db.session() as s:
+        state = _profile_state(s, profile.name)
+        state.consecutive_stockouts = (state.consecutive_stockouts or 0) + 1
+        # Doubles with each stock-out in a row, capped, so a long shortage costs few API calls.
+        seconds = min(
+            fleet.backoff_seconds * 2 ** (state.consecutive_stockouts - 1),
+            fleet.backoff_max_seconds,
+        )
+        state.backoff_until = now + timedelta(seconds=seconds)
+        state.last_error = exc.reason
+        state.last_error_at = now
+        state.availability = "shortage"
+    log.warning(
+        "fleet: %s out_of_stock (%s); backing off %ds, fallback to the next profile",
+        profile.name,
+        exc.reason,
+        seconds,
+    )
+
+
+def _hold(svc: FleetServices, profile: Profile, exc: ProviderError) -> None:
+    now = svc.clock()
+    retry = now + timedelta(seconds=svc.settings.fleet.backoff_seconds)
+    with svc.db.session() as s:
+        state = _profile_state(s, profile.name)
+        state.last_error = exc.reason
+        state.last_error_at = now
+        state.retry_at = retry
+    log.error(
+        "fleet: provision %s failed: %s (%s); no fallback to another profile, next attempt at %s",
+        profile.name,
+        exc.reason,
+        type(exc).__name__,
+        retry.isoformat(timespec="seconds"),
+    )
+
+
+# -- teardown ---------------------------------------------------------------------------------
+
+
+def _adopt_orphan(svc: FleetServices, action: DeleteOrphan, instance: Instance | None) -> str:
+    """Give an unowned instance a DELETING worker row, so its teardown is tracked and retried."""
+    now = svc.clock()
+    resources = dict(instance.resources) if instance is not None else {}
+    with svc.db.session() as s:
+        row = s.get(Worker, action.worker_id) if action.worker_id else None
+        if row is None or (row.instance_id not in (None, action.instance_id)):
+            row = Worker(
+                id=action.worker_id if action.worker_id and row is None else new_id("wrk"),
+                profile=(action.profile or "unknown")[:40],
+                provider=action.provider,
+                requested_at=now,
+            )
+            s.add(row)
+        row.instance_id = action.instance_id
+        row.state = WorkerState.DELETING.value
+        row.deleted_at = None
+        row.delete_reason = "orphan"
+        row.delete_requested_at = now
+        row.resources = {**(row.resources or {}), **resources}
+        worker_id = row.id
+    log.warning(
+        "fleet: orphan instance %s (%s, worker tag %s): deleting it",
+        action.instance_id,
+        action.provider,
+        action.worker_id,
+    )
+    return worker_id
+
+
+def _teardown(svc: FleetServices, worker_id: str, reason: str) -> bool:
+    """Advance the deletion of a worker's instance; True once the provider confirms it."""
+    now = svc.clock()
+    with svc.db.session() as s:
+        row = s.get(Worker, worker_id)
+        if row is None or row.deleted_at is not None:
+            return False
+        if row.state != WorkerState.DELETING.value:
+            row.state = WorkerState.DELETING.value
+            row.delete_reason = row.delete_reason or reason[:64]
+        if row.delete_requested_at is None:
+            row.delete_requested_at = now
+        instance_id, provider_name = row.instance_id, row.provider
+        resources: dict[str, Any] = dict(row.resources or {})
+        previous_error = row.error
+    if instance_id is None:
+        result = Teardown(True)
+    else:
+        try:
+            result = svc.providers[provider_name].delete(instance_id, resources)
+        except ProviderError as exc:
+            result = Teardown(False, resources, exc.reason)
+        except Exception as exc:  # one bad teardown must not stop the others
+            log.exception("fleet: teardown of worker %s failed", worker_id)
+            result = Teardown(False, resources, f"{type(exc).__name__}")
+    with svc.db.session() as s:
+        row = s.get(Worker, worker_id)
+        if row is None:
+            return False
+        row.resources = {**resources, **dict(result.resources)}
+        if result.confirmed:
+            row.state = WorkerState.DELETED.value
+            row.deleted_at = svc.clock()
+        elif result.detail and (previous_error is None or previous_error.startswith("teardown:")):
+            row.error = f"teardown: {result.detail}"
+    if result.confirmed:
+        _forget(svc, worker_id, reason)
+        log.info("fleet: deleted worker %s (%s)", worker_id, reason)
+    else:
+        log.info(
+            "fleet: deleting worker %s (%s): %s", worker_id, reason, result.detail or "pending"
+        )
+    return result.confirmed

@@ -1,0 +1,120 @@
+"""One reconcile run: take the Redis lock, read the fleet, plan, apply, publish the plan.
+
+Only one run acts at a time: the lock expires on its own if a control worker dies, and a run
+renews it before every action. After an out-of-stock answer the run reads and plans again, so
+the next profile in order is tried within the same run (at most once per profile).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import redis
+from redis.exceptions import LockError
+
+from app.fleet.planner import FleetPlan, plan_fleet
+from app.fleet.service import PLAN_KEY
+from tasks.fleet.apply import Outcome, apply_plan
+from tasks.fleet.services import FleetServices
+from tasks.fleet.snapshot import read_snapshot
+
+log = logging.getLogger("murmur.fleet")
+
+LOCK_KEY = "murmur:fleet:reconcile-lock"
+
+
+class LockLost(Exception):
+    """Another run took over after our lock expired; stop acting at once."""
+
+
+@dataclass
+class ReconcileReport:
+    ran: bool
+    plans: list[FleetPlan] = field(default_factory=list)
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    @property
+    def plan(self) -> FleetPlan | None:
+        return self.plans[-1] if self.plans else None
+
+
+def lock_seconds(svc: FleetServices) -> float:
+    # Long enough for the slowest single action (a create is a few bounded provider calls).
+    fleet = svc.settings.fleet
+    return max(60.0, 6 * fleet.provider_timeout_seconds + 2 * fleet.reconcile_interval_seconds)
+
+
+def reconcile(svc: FleetServices) -> ReconcileReport:
+    lock = svc.redis.lock(LOCK_KEY, timeout=lock_seconds(svc), blocking=False)
+    if not lock.acquire(blocking=False):
+        log.debug("fleet: another reconcile is running")
+        return ReconcileReport(ran=False)
+
+    def keep_lock() -> None:
+        try:
+            lock.reacquire()
+        except LockError as exc:
+            raise LockLost("the reconcile lock expired") from exc
+
+    report = ReconcileReport(ran=True)
+    try:
+        for _ in range(len(svc.settings.profiles) + 1):
+            keep_lock()
+            snapshot = read_snapshot(svc, svc.clock())
+            plan = plan_fleet(snapshot.state)
+            outcome = apply_plan(svc, snapshot, plan, keep_lock)
+            report.plans.append(plan)
+            report.outcomes.append(outcome)
+            if not outcome.stocked_out:
+                break
+        if report.plan is not None:
+            publish_plan(svc, report.plan)
+    except LockLost:
+        # Another run may be acting now; what this one did is consistent (every step is a
+        # compare-and-set) and the next run re-reads everything.
+        log.warning("fleet: reconcile lock expired mid-run; stopped")
+    finally:
+        # Expired: someone else may hold it now, and it is theirs.
+        with contextlib.suppress(LockError):
+            lock.release()
+    return report
+
+
+def plan_summary(plan: FleetPlan) -> dict[str, Any]:
+    kinds: dict[str, int] = {}
+    for action in plan.actions:
+        kinds[type(action).__name__] = kinds.get(type(action).__name__, 0) + 1
+    return {
+        "at": plan.now.isoformat(),
+        "current_hourly_eur": plan.current_hourly_eur,
+        "planned_hourly_eur": plan.planned_hourly_eur,
+        "held_back": list(plan.held_back),
+        "waiting": plan.waiting,
+        "actions": kinds,
+        "profiles": {p.name: asdict(p) for p in plan.profiles},
+    }
+
+
+def publish_plan(svc: FleetServices, plan: FleetPlan) -> None:
+    """Keep the latest plan for /v1/fleet and metrics; log the bounds that changed."""
+    summary = plan_summary(plan)
+    ttl = int(max(60, 10 * svc.settings.fleet.reconcile_interval_seconds))
+    try:
+        previous = svc.redis.getset(PLAN_KEY, json.dumps(summary))
+        svc.redis.expire(PLAN_KEY, ttl)
+    except redis.RedisError as exc:
+        log.warning("fleet: cannot publish the plan: %s", type(exc).__name__)
+        return
+    before: list[str] = []
+    if previous:
+        try:
+            before = list(json.loads(previous).get("held_back", []))
+        except ValueError:
+            before = []
+    for reason in plan.held_back:
+        if reason not in before:  # say it once, not every few seconds
+            log.info("fleet: held back: %s", reason)

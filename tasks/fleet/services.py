@@ -1,0 +1,71 @@
+"""What a reconcile run needs from the outside world, gathered in one record."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+import redis
+from celery import Celery
+
+from app.config import Settings
+from app.db import Database
+from app.fleet.planner import FleetRules
+from tasks.providers import ProviderRegistry
+
+# How long a REQUESTED/CREATING row may exist: the provider calls of one create, plus slack.
+_CREATE_CALLS = 4
+
+
+def utc_clock() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass
+class FleetServices:
+    settings: Settings
+    db: Database
+    redis: redis.Redis
+    celery: Celery
+    providers: ProviderRegistry
+    # Tests pass a fake clock; nothing in the shell reads the time any other way.
+    clock: Callable[[], datetime] = field(default=utc_clock)
+
+    def rules(self) -> FleetRules:
+        fleet = self.settings.fleet
+        obs = self.settings.observability
+        return FleetRules(
+            idle_timeout=timedelta(seconds=fleet.idle_timeout_seconds),
+            boot_timeout=timedelta(seconds=fleet.boot_timeout_seconds),
+            create_timeout=timedelta(
+                seconds=_CREATE_CALLS * fleet.provider_timeout_seconds
+                + 2 * fleet.reconcile_interval_seconds
+            ),
+            # Without usage reports a worker is silent by design; silence proves nothing then.
+            heartbeat_timeout=(
+                timedelta(seconds=3 * obs.report_interval_seconds) if obs.enabled else None
+            ),
+            max_hourly_eur=self.settings.budget.max_hourly_eur,
+        )
+
+
+def process_services() -> FleetServices:
+    """The services of this Celery process (built once; see tasks.context)."""
+    from tasks import context
+    from tasks.celery_app import celery_app
+
+    global _PROCESS
+    if _PROCESS is None:
+        settings = context.settings()
+        _PROCESS = FleetServices(
+            settings=settings,
+            db=context.database(),
+            redis=context.redis_client(),
+            celery=celery_app,
+            providers=ProviderRegistry(settings),
+        )
+    return _PROCESS
+
+
+_PROCESS: FleetServices | None = None

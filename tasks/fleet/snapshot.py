@@ -1,0 +1,189 @@
+"""Read the fleet for the planner: profiles, workers, job aggregates, queue depths, inventory.
+
+Jobs are read as aggregates (GROUP BY) plus two bounded id lists, so reading 100,000 waiting
+jobs costs what reading 10 does. Provider inventories that cannot be read are left out and
+marked unknown, so the planner draws no conclusion from their silence.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from sqlalchemy import Row, func, select
+
+from app.fleet.planner import (
+    ActiveJob,
+    FleetState,
+    InstanceSnapshot,
+    JobCounts,
+    ProfileSnapshot,
+    WorkerSnapshot,
+)
+from app.fleet.service import queue_depths
+from app.models import LIVE_WORKER_STATES, Job, JobStatus, ProfileState, Worker, WorkerState
+from tasks.fleet.services import FleetServices
+from tasks.providers.base import Instance, ProviderError
+
+log = logging.getLogger("murmur.fleet")
+
+# Dispatched/running jobs examined per round for re-routing (the oldest first).
+MAX_ACTIVE_JOBS = 2000
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    state: FleetState
+    # The provider's own view of each listed instance (resources to tear down, zone).
+    instances: dict[tuple[str, str], Instance]
+
+
+def as_utc(value: datetime | None) -> datetime | None:
+    """SQLite returns naive datetimes; everything here is UTC."""
+    if value is None:
+        return None
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _utc(value: datetime) -> datetime:
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def read_snapshot(svc: FleetServices, now: datetime) -> Snapshot:
+    settings = svc.settings
+    rules = svc.rules()
+    queued_ready = (Job.status == JobStatus.QUEUED.value) & Job.audio_key.is_not(None)
+    with svc.db.session() as s:
+        learned = {r.name: r for r in s.scalars(select(ProfileState))}
+        rows = list(s.scalars(select(Worker).where(Worker.deleted_at.is_(None))))
+        counts = s.execute(
+            select(Job.profile, Job.status, func.count())
+            .where(Job.status.in_([JobStatus.DISPATCHED.value, JobStatus.RUNNING.value]))
+            .group_by(Job.profile, Job.status)
+        ).all()
+        queued, oldest = s.execute(
+            select(func.count(), func.min(Job.created_at)).where(queued_ready)
+        ).one()
+        serving = sum(
+            1
+            for w in rows
+            if w.state in LIVE_WORKER_STATES and w.state != WorkerState.DRAINING.value
+        )
+        limit = min(rules.max_dispatch, serving)
+        dispatchable = (
+            list(
+                s.scalars(
+                    select(Job.id).where(queued_ready).order_by(Job.created_at, Job.id).limit(limit)
+                )
+            )
+            if limit and queued
+            else []
+        )
+        active = s.execute(
+            select(Job.id, Job.profile, Job.status, Job.worker_id)
+            .where(Job.status.in_([JobStatus.DISPATCHED.value, JobStatus.RUNNING.value]))
+            .order_by(Job.dispatched_at, Job.id)
+            .limit(MAX_ACTIVE_JOBS)
+        ).all()
+
+    running_on = {
+        a.worker_id for a in active if a.status == JobStatus.RUNNING.value and a.worker_id
+    }
+    depths = queue_depths(svc.redis, [p.name for p in settings.profiles])
+    profiles = tuple(
+        ProfileSnapshot(
+            name=p.name,
+            provider=p.provider,
+            enabled=p.enabled,
+            max_workers=p.max_workers,
+            hourly_cost_eur=p.hourly_cost_eur,
+            backoff_until=as_utc(learned[p.name].backoff_until) if p.name in learned else None,
+            retry_at=as_utc(learned[p.name].retry_at) if p.name in learned else None,
+            last_error=learned[p.name].last_error if p.name in learned else None,
+            queue_depth=depths.get(p.name),
+        )
+        for p in settings.profiles
+    )
+    workers = tuple(
+        WorkerSnapshot(
+            id=w.id,
+            profile=w.profile,
+            provider=w.provider,
+            state=w.state,
+            requested_at=_utc(w.requested_at),
+            instance_id=w.instance_id,
+            hourly_cost_eur=w.hourly_cost_eur or 0.0,
+            busy=w.current_job_id is not None or w.id in running_on,
+            created_at=as_utc(w.created_at),
+            booted_at=as_utc(w.booted_at),
+            ready_at=as_utc(w.ready_at),
+            idle_since=as_utc(w.idle_since),
+            last_seen_at=as_utc(w.last_seen_at),
+            error=w.error,
+            delete_reason=w.delete_reason,
+        )
+        for w in rows
+    )
+
+    # Inventory of every provider in use, in every zone a profile or a worker lives in.
+    scopes: dict[str, set[str]] = {}
+    for p in settings.profiles:
+        scopes.setdefault(p.provider, set()).add(p.zone)
+    for w in rows:
+        zone = (w.resources or {}).get("zone")
+        scopes.setdefault(w.provider, set()).update([zone] if zone else [])
+    instances: dict[tuple[str, str], Instance] = {}
+    known: set[str] = set()
+    for name, zones in sorted(scopes.items()):
+        try:
+            listed = svc.providers[name].list_by_tag(frozenset(zones))
+        except ProviderError as exc:
+            log.warning("fleet: cannot list %s instances: %s", name, exc.reason)
+            continue
+        known.add(name)
+        instances.update({(name, i.instance_id): i for i in listed})
+
+    state = FleetState(
+        now=now,
+        rules=rules,
+        profiles=profiles,
+        workers=workers,
+        inventory=tuple(
+            InstanceSnapshot(
+                provider=prov,
+                instance_id=i.instance_id,
+                state=i.state,
+                worker_id=i.worker_id,
+                profile=i.profile,
+            )
+            for (prov, _), i in sorted(instances.items())
+        ),
+        inventory_known=frozenset(known),
+        queued=int(queued or 0),
+        oldest_queued_at=as_utc(oldest),
+        dispatchable=tuple(dispatchable),
+        job_counts=_job_counts(counts),
+        active_jobs=tuple(
+            ActiveJob(id=a.id, profile=a.profile, status=a.status, worker_id=a.worker_id)
+            for a in active
+        ),
+    )
+    return Snapshot(state=state, instances=instances)
+
+
+def _job_counts(rows: Sequence[Row[str | None, str, int]]) -> tuple[JobCounts, ...]:
+    by_profile: dict[str, dict[str, int]] = {}
+    for profile, status, count in rows:
+        if profile is None:
+            continue
+        by_profile.setdefault(profile, {})[status] = int(count)
+    return tuple(
+        JobCounts(
+            profile=name,
+            dispatched=c.get(JobStatus.DISPATCHED.value, 0),
+            running=c.get(JobStatus.RUNNING.value, 0),
+        )
+        for name, c in sorted(by_profile.items())
+    )

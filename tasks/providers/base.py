@@ -1,0 +1,156 @@
+"""The one interface every instance provider implements, and the errors it may raise.
+
+A provider creates a tagged instance for a worker, reads it back, lists what it owns by tag,
+tears an instance down completely (server, IPs, volumes) and gives a stock hint. Errors are
+typed so the fleet can tell capacity (fall back to the next profile) from everything else
+(stop and report). Every call the fleet makes is bounded in time.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+from app.config import Profile
+
+T = TypeVar("T")
+
+# Tags every provider puts on a worker instance; `list_by_tag` finds instances by the first.
+FLEET_TAG = "murmur"
+WORKER_TAG = "murmur-worker="
+PROFILE_TAG = "murmur-profile="
+
+# Called once the instance id is known and before the instance starts: the fleet records the
+# instance (so it can never leak unnoticed) and returns the worker's environment.
+Bind = Callable[[str, Mapping[str, Any]], Mapping[str, str]]
+
+
+def worker_tags(worker_id: str, profile: str) -> list[str]:
+    return [FLEET_TAG, f"{WORKER_TAG}{worker_id}", f"{PROFILE_TAG}{profile}"]
+
+
+def tag_value(tags: list[str] | tuple[str, ...], prefix: str) -> str | None:
+    for tag in tags:
+        if tag.startswith(prefix):
+            return tag[len(prefix) :]
+    return None
+
+
+@dataclass(frozen=True)
+class Instance:
+    """An instance as the provider reports it; `resources` is what teardown must remove."""
+
+    instance_id: str
+    state: str  # starting | running | stopping | stopped | ... (the provider's words)
+    worker_id: str | None = None
+    profile: str | None = None
+    resources: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Teardown:
+    """Progress of a deletion; `resources` still to remove when not yet confirmed."""
+
+    confirmed: bool
+    resources: Mapping[str, Any] = field(default_factory=dict)
+    detail: str = ""
+
+
+class ProviderError(Exception):
+    """A provider call failed; `reason` is safe to show to operators."""
+
+    capacity = False  # True only for out-of-stock: the one error that moves to another profile
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        instance_id: str | None = None,
+        resources: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        # Set when the failure left an instance behind that still has to be torn down.
+        self.instance_id = instance_id
+        self.resources: Mapping[str, Any] = resources or {}
+
+    def leftover(self, instance_id: str, resources: Mapping[str, Any]) -> ProviderError:
+        self.instance_id = instance_id
+        self.resources = resources
+        return self
+
+
+class OutOfStock(ProviderError):
+    capacity = True
+
+
+class QuotaExceeded(ProviderError):
+    pass
+
+
+class PermissionDenied(ProviderError):
+    pass
+
+
+class InvalidArgument(ProviderError):
+    pass
+
+
+class ProviderUnavailable(ProviderError):
+    """5xx, unreadable answers, connection failures."""
+
+
+class ProviderTimeout(ProviderError):
+    pass
+
+
+class Provider(Protocol):
+    name: str
+
+    def create(self, profile: Profile, worker_id: str, bind: Bind) -> Instance:
+        """Create and start a tagged instance; user data/env is in place before it starts."""
+        ...
+
+    def get(self, instance_id: str, resources: Mapping[str, Any]) -> Instance | None:
+        """The instance, or None when the provider no longer has it."""
+        ...
+
+    def list_by_tag(self, scopes: frozenset[str]) -> list[Instance]:
+        """Every instance carrying the fleet tag (in these zones, where zones exist)."""
+        ...
+
+    def delete(self, instance_id: str, resources: Mapping[str, Any]) -> Teardown:
+        """Advance a full teardown; `confirmed` once the provider shows nothing is left."""
+        ...
+
+    def availability(self, profile: Profile) -> str | None:
+        """A stock hint (available | scarce | shortage), or None when unknown. Never a gate."""
+        ...
+
+
+def bounded(call: Callable[[], T], timeout: float, what: str) -> T:
+    """Run `call` in a daemon thread and give up after `timeout` seconds.
+
+    The SDK passes no timeout to requests, so a stalled API would block reconcile forever.
+    The abandoned thread ends when its socket does; anything it creates late carries the fleet
+    tags and is caught by the orphan sweep.
+    """
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as exc:  # handed to the caller below
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name=f"provider:{what}", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise ProviderTimeout(f"{what}: no answer within {timeout:g}s")
+    if "error" in box:
+        raise box["error"]
+    value: T = box["value"]
+    return value

@@ -1,0 +1,232 @@
+"""The `local` provider: an "instance" is a transcription worker subprocess on this machine.
+
+`python -m gpu_worker run` starts with the same environment cloud-init would write, in its own
+process group. Each instance is recorded in a state directory (`var/local-instances/<id>.json`:
+pid and process start time), so a restarted control worker still lists and deletes it. Delete
+sends SIGTERM to the group, SIGKILL after a grace period, and confirms nothing is left.
+Stock can be simulated per profile (`MURMUR_LOCAL_OUT_OF_STOCK=a,b`) to watch the fallback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from app.config import Profile, Settings
+from tasks.providers.base import Bind, Instance, OutOfStock, ProviderUnavailable, Teardown
+
+log = logging.getLogger("murmur.fleet.local")
+
+OUT_OF_STOCK_ENV = "MURMUR_LOCAL_OUT_OF_STOCK"
+STATE_DIR_ENV = "MURMUR_LOCAL_STATE_DIR"
+DEFAULT_STATE_DIR = "var/local-instances"
+DEFAULT_COMMAND = (sys.executable, "-m", "gpu_worker", "run")
+# Worker settings a developer may set for the subprocess; every other MURMUR_* / SCW_* variable
+# of the control plane (tokens, signing key, database URL, provider keys) stays out of it.
+_INHERITED_WORKER_VARS = frozenset({"MURMUR_CPU_THREADS", "MURMUR_DRAIN_TIMEOUT"})
+
+
+def out_of_stock_from_env(env: Mapping[str, str]) -> frozenset[str]:
+    return frozenset(p.strip() for p in env.get(OUT_OF_STOCK_ENV, "").split(",") if p.strip())
+
+
+def child_environment(parent: Mapping[str, str], worker: Mapping[str, str]) -> dict[str, str]:
+    """The parent's environment without control-plane secrets, plus the worker's variables."""
+    env = {
+        k: v
+        for k, v in parent.items()
+        if not (k.startswith("SCW_") or k.startswith("MURMUR_")) or k in _INHERITED_WORKER_VARS
+    }
+    env.update(worker)
+    return env
+
+
+class LocalProvider:
+    name = "local"
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        state_dir: str | os.PathLike[str] | None = None,
+        command: Sequence[str] = DEFAULT_COMMAND,
+        out_of_stock: frozenset[str] | None = None,
+        term_grace: float = 30.0,
+        teardown_wait: float = 5.0,
+    ) -> None:
+        self._dir = Path(state_dir or os.environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR)
+        self._command = list(command)
+        self._out_of_stock = (
+            out_of_stock if out_of_stock is not None else out_of_stock_from_env(os.environ)
+        )
+        self._grace = term_grace
+        self._wait = teardown_wait
+
+    # -- state files ------------------------------------------------------------------------
+
+    def _path(self, instance_id: str) -> Path:
+        if not instance_id.startswith("local-") or "/" in instance_id:
+            raise ValueError(f"not a local instance id: {instance_id!r}")
+        return self._dir / f"{instance_id}.json"
+
+    def _read(self, instance_id: str) -> dict[str, Any] | None:
+        try:
+            record: dict[str, Any] = json.loads(self._path(instance_id).read_text())
+        except (OSError, ValueError):
+            return None
+        return record
+
+    def _write(self, record: dict[str, Any]) -> None:
+        self._dir.mkdir(parents=True, exist_ok=True)
+        path = self._path(record["instance_id"])
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record))
+        tmp.replace(path)  # atomic: a reader sees the old or the new record, never half
+
+    # -- processes --------------------------------------------------------------------------
+
+    @staticmethod
+    def _alive(record: Mapping[str, Any]) -> bool:
+        """Is the recorded process (same pid AND same start time) still running?"""
+        pid = int(record["pid"])
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)  # reap it if it is our exited child
+        try:
+            proc = psutil.Process(pid)
+            if abs(proc.create_time() - float(record["create_time"])) > 1.0:
+                return False  # the pid was reused by another process
+            return bool(proc.status() != psutil.STATUS_ZOMBIE)
+        except psutil.Error:
+            return False
+
+    @staticmethod
+    def _group_alive(pgid: int) -> bool:
+        """Does any live (non-zombie) process remain in the worker's process group?
+
+        A zombie still answers kill(0), and only its parent can reap it; the parent may be
+        another pool process of the control worker, so zombies count as gone.
+        """
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return False
+        for proc in psutil.process_iter(["status"]):
+            try:
+                if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                    return True
+            except (OSError, psutil.Error):
+                continue
+        return False
+
+    def _instance(self, record: Mapping[str, Any]) -> Instance:
+        return Instance(
+            instance_id=record["instance_id"],
+            state="running" if self._alive(record) else "stopped",
+            worker_id=record.get("worker_id"),
+            profile=record.get("profile"),
+            resources={"worker_id": record.get("worker_id")},
+        )
+
+    # -- the interface ----------------------------------------------------------------------
+
+    def create(self, profile: Profile, worker_id: str, bind: Bind) -> Instance:
+        if profile.name in self._out_of_stock:
+            raise OutOfStock(
+                f"local: {profile.name} is out of stock (simulated by {OUT_OF_STOCK_ENV})"
+            )
+        instance_id = f"local-{uuid.uuid4().hex[:16]}"
+        resources = {"worker_id": worker_id}
+        environment = bind(instance_id, resources)
+        self._dir.mkdir(parents=True, exist_ok=True)
+        log_path = self._dir / f"{instance_id}.log"
+        try:
+            with open(log_path, "ab") as out:
+                proc = subprocess.Popen(
+                    self._command,
+                    env=child_environment(os.environ, environment),
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    # Its own process group: a Ctrl-C aimed at the control worker does not
+                    # kill a job mid-way, and teardown can signal the worker and its children.
+                    start_new_session=True,
+                )
+        except OSError as exc:
+            raise ProviderUnavailable(f"local: cannot start the worker: {exc.strerror}") from None
+        try:
+            create_time = psutil.Process(proc.pid).create_time()
+        except psutil.Error:
+            create_time = time.time()
+        self._write(
+            {
+                "instance_id": instance_id,
+                "worker_id": worker_id,
+                "profile": profile.name,
+                "pid": proc.pid,
+                "create_time": create_time,
+                "started_at": time.time(),
+                "log": str(log_path),
+            }
+        )
+        log.info(
+            "local instance %s: worker %s (%s) pid %s",
+            instance_id,
+            worker_id,
+            profile.name,
+            proc.pid,
+        )
+        return Instance(instance_id, "running", worker_id, profile.name, resources)
+
+    def get(self, instance_id: str, resources: Mapping[str, Any]) -> Instance | None:
+        record = self._read(instance_id)
+        return None if record is None else self._instance(record)
+
+    def list_by_tag(self, scopes: frozenset[str]) -> list[Instance]:
+        if not self._dir.is_dir():
+            return []
+        records = (self._read(p.stem) for p in sorted(self._dir.glob("local-*.json")))
+        return [self._instance(r) for r in records if r is not None]
+
+    def availability(self, profile: Profile) -> str | None:
+        return "shortage" if profile.name in self._out_of_stock else "available"
+
+    def delete(self, instance_id: str, resources: Mapping[str, Any]) -> Teardown:
+        record = self._read(instance_id)
+        if record is None:
+            return Teardown(True)
+        pid = int(record["pid"])
+        deadline = time.monotonic() + self._wait
+        if self._alive(record) or self._group_alive(pid):
+            now = time.time()
+            if "term_sent_at" not in record:
+                record["term_sent_at"] = now
+                self._write(record)
+                self._signal(pid, signal.SIGTERM)
+            elif now - float(record["term_sent_at"]) >= self._grace:
+                self._signal(pid, signal.SIGKILL)
+            while (self._alive(record) or self._group_alive(pid)) and time.monotonic() < deadline:
+                time.sleep(0.05)
+                if time.time() - float(record["term_sent_at"]) >= self._grace:
+                    self._signal(pid, signal.SIGKILL)
+            if self._alive(record) or self._group_alive(pid):
+                return Teardown(False, resources, f"pid {pid} still running after SIGTERM")
+        with contextlib.suppress(OSError):
+            self._path(instance_id).unlink()
+        return Teardown(True)
+
+    @staticmethod
+    def _signal(pid: int, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, sig)

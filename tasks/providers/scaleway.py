@@ -1,0 +1,402 @@
+"""The `scaleway` provider: GPU instances through the official SDK (`scaleway` 2.12.0).
+
+Create = `create_server` (tagged, zone, image, security group, Block root volume; the server
+stays stopped) -> cloud-init user data -> `poweron`. Delete follows the teardown recipe: no
+single call removes a server with its Block volumes and flexible IPs, so each is removed and
+read back. Every SDK call runs under `bounded` because the SDK gives requests no timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import requests
+from scaleway import Client, ScalewayException
+from scaleway.block.v1 import BlockV1API
+from scaleway.instance.v1 import ServerAction, VolumeServerTemplate, VolumeVolumeType
+from scaleway.instance.v1.custom_api import InstanceUtilsV1API
+
+from app.config import Profile, Settings
+from app.fleet.cloudinit import render_user_data
+from app.fleet.planner import STOPPED_STATES
+from tasks.providers.base import (
+    FLEET_TAG,
+    PROFILE_TAG,
+    WORKER_TAG,
+    Bind,
+    Instance,
+    InvalidArgument,
+    OutOfStock,
+    PermissionDenied,
+    ProviderError,
+    ProviderTimeout,
+    ProviderUnavailable,
+    QuotaExceeded,
+    Teardown,
+    bounded,
+    tag_value,
+    worker_tags,
+)
+
+log = logging.getLogger("murmur.fleet.scaleway")
+
+T = TypeVar("T")
+
+# GPU types boot from Block Storage (L4/L40S/H100 accept no local volume); sizes are bytes.
+ROOT_VOLUME_BYTES = 50 * 10**9
+USER_DATA_KEY = "cloud-init"
+_GONE_VOLUME_STATES = frozenset({"deleted"})
+_PAGE = 100
+
+
+class _NoUserDataInLogs(logging.Filter):
+    """The SDK logs whole request bodies at DEBUG; user data carries the instance credential."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "/user_data" not in record.getMessage()
+
+
+_SDK_LOG_FILTER = _NoUserDataInLogs()
+logging.getLogger("scaleway").addFilter(_SDK_LOG_FILTER)
+
+
+class _NotFound(ProviderError):
+    pass
+
+
+class _Busy(ProviderError):
+    """409 transient_state / locked: the resource is changing state; try again later."""
+
+
+def classify(exc: BaseException, what: str) -> ProviderError:
+    """The typed error for an SDK/transport failure (see shared/reference/scaleway.md §4)."""
+    if isinstance(exc, ProviderError):
+        return exc
+    if isinstance(exc, requests.exceptions.JSONDecodeError):
+        return ProviderUnavailable(f"{what}: the API answered with an unreadable error body")
+    if isinstance(exc, requests.exceptions.Timeout):
+        return ProviderTimeout(f"{what}: the API did not answer in time")
+    if isinstance(exc, requests.exceptions.RequestException):
+        return ProviderUnavailable(f"{what}: cannot reach the API ({type(exc).__name__})")
+    if not isinstance(exc, ScalewayException):
+        return ProviderUnavailable(f"{what}: unexpected failure ({type(exc).__name__})")
+    status = exc.response.status_code
+    try:
+        body = exc.response.json() if exc.response.content else {}
+    except ValueError:
+        body = {}
+    body = body if isinstance(body, dict) else {}
+    kind = body.get("type")
+    message = str(body.get("message", "")).strip()
+    said = f"{what}: HTTP {status} {kind or ''} {message}".replace("  ", " ").strip()
+    if kind == "out_of_stock":
+        return OutOfStock(said)
+    if kind == "quotas_exceeded" or "quota exceeded" in message.lower():
+        return QuotaExceeded(said)
+    if kind in ("not_found", "unknown_resource") or status == 404:
+        return _NotFound(said)
+    if kind in ("transient_state", "locked") or status == 409:
+        return _Busy(said)
+    if kind in ("permissions_denied", "denied_authentication") or status in (401, 403):
+        return PermissionDenied(said)
+    if status >= 500:
+        return ProviderUnavailable(said)
+    return InvalidArgument(said)
+
+
+class ScalewayProvider:
+    name = "scaleway"
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        poll_interval: float = 1.0,
+        teardown_wait: float = 5.0,
+        root_volume_bytes: int = ROOT_VOLUME_BYTES,
+    ) -> None:
+        self._settings = settings
+        self._project = settings.scaleway.project_id
+        self._timeout = settings.fleet.provider_timeout_seconds
+        self._poll = poll_interval
+        self._teardown_wait = teardown_wait
+        self._root_bytes = root_volume_bytes
+        client = Client(
+            access_key=settings.reveal("scaleway_access_key"),
+            secret_key=settings.reveal("scaleway_secret_key"),
+            api_url=settings.scaleway.api_url.rstrip("/"),
+            default_project_id=self._project or None,
+        )
+        try:
+            self._instance = InstanceUtilsV1API(client)
+            self._block = BlockV1API(client)
+        except ValueError as exc:  # the SDK validates key shapes, project id and URL up front
+            raise InvalidArgument(f"scaleway client: {exc}") from None
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _call(self, what: str, call: Callable[[], T]) -> T:
+        try:
+            return bounded(call, self._timeout, what)
+        except Exception as exc:
+            raise classify(exc, what) from None
+
+    def _resources(self, server: Any, zone: str, worker_id: str | None) -> dict[str, Any]:
+        volumes = [
+            v.id
+            for v in (server.volumes or {}).values()
+            if str(v.volume_type) == VolumeVolumeType.SBS_VOLUME.value and v.id
+        ]
+        ips = [ip.id for ip in (server.public_ips or []) if not ip.dynamic and ip.id]
+        return {"zone": zone, "worker_id": worker_id, "volumes": volumes, "ips": ips}
+
+    def _instance_of(self, server: Any, zone: str) -> Instance:
+        tags = list(server.tags or [])
+        worker_id = tag_value(tags, WORKER_TAG)
+        return Instance(
+            instance_id=server.id,
+            state=str(server.state),
+            worker_id=worker_id,
+            profile=tag_value(tags, PROFILE_TAG),
+            resources=self._resources(server, zone, worker_id),
+        )
+
+    def _get_server(self, instance_id: str, zone: str) -> Any | None:
+        try:
+            return self._call(
+                "get_server",
+                lambda: self._instance.get_server(server_id=instance_id, zone=zone),
+            ).server
+        except _NotFound:
+            return None
+
+    # -- the interface ----------------------------------------------------------------------
+
+    def create(self, profile: Profile, worker_id: str, bind: Bind) -> Instance:
+        zone = profile.zone
+        group = self._settings.security_groups.get(profile.security_group)
+        if group is None or group.zone != zone:
+            raise InvalidArgument(
+                f"profile {profile.name}: security group {profile.security_group!r} "
+                f"is not declared for zone {zone}"
+            )
+        server = self._call(
+            "create_server",
+            lambda: self._instance.create_server(
+                zone=zone,
+                commercial_type=profile.server_type,
+                image=profile.image,
+                name=f"murmur-{worker_id}",
+                project=self._project or None,
+                tags=worker_tags(worker_id, profile.name),
+                security_group=group.id,
+                dynamic_ip_required=True,
+                volumes={
+                    "0": VolumeServerTemplate(
+                        volume_type=VolumeVolumeType.SBS_VOLUME, size=self._root_bytes
+                    )
+                },
+                protected=False,
+            ),
+        ).server
+        resources = self._resources(server, zone, worker_id)
+        try:
+            environment = bind(server.id, resources)
+            # Rendered here, never logged: it carries the instance credential.
+            user_data = render_user_data(dict(environment)).encode()
+            self._call(
+                "set_server_user_data",
+                lambda: self._instance.set_server_user_data(
+                    server_id=server.id, key=USER_DATA_KEY, content=user_data, zone=zone
+                ),
+            )
+            self._call(
+                "server_action poweron",
+                lambda: self._instance.server_action(
+                    server_id=server.id, action=ServerAction.POWERON, zone=zone
+                ),
+            )
+        except Exception as exc:
+            if isinstance(exc, ValueError) and not isinstance(exc, ProviderError):
+                error: ProviderError = InvalidArgument(f"create: {exc}")  # e.g. user data too big
+            else:
+                error = classify(exc, "create")
+            self._abandon(server.id, resources, error)
+            raise error from None
+        return Instance(server.id, "starting", worker_id, profile.name, resources)
+
+    def _abandon(
+        self, instance_id: str, resources: Mapping[str, Any], error: ProviderError
+    ) -> None:
+        """A created server that could not start is deleted now; what remains is handed on."""
+        try:
+            result = self.delete(instance_id, resources)
+        except ProviderError as exc:
+            result = Teardown(False, resources, exc.reason)
+        if not result.confirmed:
+            log.warning("server %s left after a failed start: %s", instance_id, result.detail)
+            error.leftover(instance_id, result.resources)
+
+    def get(self, instance_id: str, resources: Mapping[str, Any]) -> Instance | None:
+        zone = str(resources.get("zone") or "")
+        if not zone:
+            raise InvalidArgument(f"instance {instance_id}: no zone recorded")
+        server = self._get_server(instance_id, zone)
+        return None if server is None else self._instance_of(server, zone)
+
+    def list_by_tag(self, scopes: frozenset[str]) -> list[Instance]:
+        found: list[Instance] = []
+        for zone in sorted(scopes):
+            servers = self._call(
+                f"list_servers {zone}",
+                lambda zone=zone: self._instance.list_servers_all(  # type: ignore[misc]
+                    zone=zone, tags=[FLEET_TAG], project=self._project or None, per_page=_PAGE
+                ),
+            )
+            found.extend(self._instance_of(s, zone) for s in servers)
+        return found
+
+    def availability(self, profile: Profile) -> str | None:
+        try:
+            for page in range(1, 6):  # the catalog spans a couple of pages; never loop forever
+                answer = self._call(
+                    "get_server_types_availability",
+                    lambda page=page: self._instance.get_server_types_availability(  # type: ignore[misc]
+                        zone=profile.zone, page=page, per_page=_PAGE
+                    ),
+                )
+                servers = answer.servers or {}
+                if profile.server_type in servers:
+                    return str(servers[profile.server_type].availability)
+                if not servers:
+                    return None
+        except ProviderError:
+            return None  # a hint only
+        return None
+
+    def delete(self, instance_id: str, resources: Mapping[str, Any]) -> Teardown:
+        zone = str(resources.get("zone") or "")
+        if not zone:
+            raise InvalidArgument(f"instance {instance_id}: no zone recorded")
+        worker_id = resources.get("worker_id")
+        volumes = list(dict.fromkeys(resources.get("volumes") or []))
+        ips = list(dict.fromkeys(resources.get("ips") or []))
+        deadline = time.monotonic() + self._teardown_wait
+
+        def progress(confirmed: bool, detail: str = "") -> Teardown:
+            left = {"zone": zone, "worker_id": worker_id, "volumes": volumes, "ips": ips}
+            return Teardown(confirmed, left, detail)
+
+        try:
+            # 1-3: learn the server's Block volumes and flexible IPs, stop it, wait until gone.
+            server = self._get_server(instance_id, zone)
+            if server is not None:
+                learned = self._resources(server, zone, worker_id)
+                volumes = list(dict.fromkeys(volumes + learned["volumes"]))
+                ips = list(dict.fromkeys(ips + learned["ips"]))
+                self._remove_server(server, zone)
+                server = self._wait(lambda: self._get_server(instance_id, zone), deadline)
+                if server is not None:
+                    return progress(False, f"server {instance_id} is {server.state}")
+            # 4: Block volumes are only detached by terminate; delete each once available.
+            volumes = [v for v in volumes if not self._delete_volume(v, zone, deadline)]
+            # 5-6: flexible IPs outlive servers: those recorded, then any carrying our tag.
+            if worker_id:
+                tagged = self._call(
+                    "list_ips",
+                    lambda: self._instance.list_ips(
+                        zone=zone,
+                        tags=[f"{WORKER_TAG}{worker_id}"],
+                        project=self._project or None,
+                        per_page=_PAGE,
+                    ),
+                ).ips
+                ips = list(dict.fromkeys(ips + [ip.id for ip in tagged or []]))
+            ips = [ip for ip in ips if not self._delete_ip(ip, zone)]
+        except ProviderError as exc:
+            return progress(False, exc.reason)
+        if volumes or ips:
+            return progress(False, f"{len(volumes)} volume(s), {len(ips)} IP(s) still present")
+        return progress(True)
+
+    # -- teardown steps ---------------------------------------------------------------------
+
+    def _remove_server(self, server: Any, zone: str) -> None:
+        state = str(server.state)
+        allowed = {str(a) for a in server.allowed_actions or []}
+        try:
+            if state in STOPPED_STATES:
+                # terminate is not allowed on a stopped server; a plain DELETE is.
+                self._call(
+                    "delete_server",
+                    lambda: self._instance.delete_server(server_id=server.id, zone=zone),
+                )
+            elif "terminate" in allowed:
+                self._call(
+                    "server_action terminate",
+                    lambda: self._instance.server_action(
+                        server_id=server.id, action=ServerAction.TERMINATE, zone=zone
+                    ),
+                )
+            elif "poweroff" in allowed:
+                # Neither deletable nor terminable yet: stop it, a later pass deletes it.
+                self._call(
+                    "server_action poweroff",
+                    lambda: self._instance.server_action(
+                        server_id=server.id, action=ServerAction.POWEROFF, zone=zone
+                    ),
+                )
+        except (_NotFound, _Busy):
+            pass  # already going away, or changing state: the next pass looks again
+
+    def _wait(self, probe: Callable[[], Any | None], deadline: float) -> Any | None:
+        """Probe until it returns None (gone) or the deadline passes; the last answer."""
+        found = probe()
+        while found is not None and time.monotonic() + self._poll < deadline:
+            time.sleep(self._poll)
+            found = probe()
+        return found
+
+    def _volume_status(self, volume_id: str, zone: str) -> str | None:
+        try:
+            volume = self._call(
+                "block get_volume",
+                lambda: self._block.get_volume(volume_id=volume_id, zone=zone),
+            )
+        except _NotFound:
+            return None
+        status = str(volume.status)
+        return None if status in _GONE_VOLUME_STATES else status
+
+    def _delete_volume(self, volume_id: str, zone: str, deadline: float) -> bool:
+        """True once the volume is confirmed gone."""
+        status = self._volume_status(volume_id, zone)
+        while status is not None and status != "available" and time.monotonic() < deadline:
+            time.sleep(self._poll)  # detaching after the server went away
+            status = self._volume_status(volume_id, zone)
+        if status is None:
+            return True
+        if status != "available":
+            return False
+        with contextlib.suppress(_NotFound, _Busy):
+            self._call(
+                "block delete_volume",
+                lambda: self._block.delete_volume(volume_id=volume_id, zone=zone),
+            )
+        return self._volume_status(volume_id, zone) is None
+
+    def _delete_ip(self, ip_id: str, zone: str) -> bool:
+        """True once the flexible IP is confirmed gone."""
+        try:
+            self._call("delete_ip", lambda: self._instance.delete_ip(ip=ip_id, zone=zone))
+        except _NotFound:
+            return True
+        try:
+            self._call("get_ip", lambda: self._instance.get_ip(ip=ip_id, zone=zone))
+        except _NotFound:
+            return True
+        return False

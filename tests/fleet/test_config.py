@@ -1,0 +1,198 @@
+"""Profiles in configuration: the shipped files, and every problem validate-config must report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from app.cli import main as murmur
+from app.config import LOCAL_CPU_PROFILE, ConfigError, check_settings, load_settings
+
+CONFIG = Path(__file__).resolve().parents[2] / "config"
+
+SECRETS = {
+    "MURMUR_API_TOKEN": "api-token-" + "a" * 32,
+    "MURMUR_SIGNING_KEY": "signing-key-" + "b" * 32,
+    "MURMUR_ADMIN_TOKEN": "admin-token-" + "c" * 32,
+    "MURMUR_SCRAPE_TOKEN": "scrape-token-" + "d" * 32,
+    "MURMUR_WEBHOOK_SECRET": "webhook-secret-" + "e" * 32,
+    "SCW_ACCESS_KEY": "SCWXXXXXXXXXXXXXXXXX",
+    "SCW_SECRET_KEY": "8f6e2d3c-1b2a-4c5d-9e8f-7a6b5c4d3e2f",
+}
+
+GROUPS = """
+[security_groups.par1]
+id = "11111111-1111-4111-8111-111111111111"
+zone = "fr-par-1"
+
+[security_groups.par2]
+id = "22222222-2222-4222-8222-222222222222"
+zone = "fr-par-2"
+
+[scaleway]
+project_id = "33333333-3333-4333-8333-333333333333"
+"""
+
+
+def profile(name: str = "gpu", **fields: object) -> str:
+    values: dict[str, object] = {
+        "name": name,
+        "provider": "scaleway",
+        "zone": "fr-par-2",
+        "server_type": "L4-1-24G",
+        "image": "murmur-worker-gpu",
+        "security_group": "par2",
+        "compute_type": "float16",
+        "hourly_cost_eur": 0.75,
+    }
+    values.update(fields)
+    body = "\n".join(
+        f"{k} = {v!r}".replace("'", '"') if isinstance(v, str) else f"{k} = {str(v).lower()}"
+        for k, v in values.items()
+    )
+    return f"\n[[profiles]]\n{body}\n"
+
+
+def problems_of(tmp_path: Path, text: str, env: dict[str, str] | None = None) -> list[str]:
+    path = tmp_path / "murmur.toml"
+    path.write_text(text)
+    try:
+        settings = load_settings(path, env=SECRETS if env is None else env)
+    except ConfigError as exc:
+        return exc.problems
+    return check_settings(settings)
+
+
+def test_example_config_is_valid_and_ordered() -> None:
+    settings = load_settings(CONFIG / "murmur.example.toml", env=SECRETS)
+    assert check_settings(settings) == []
+    rows = [
+        (p.name, p.zone, p.server_type, p.compute_type, p.vad, p.alignment_device)
+        for p in settings.profiles
+    ]
+    assert rows == [
+        ("l4-par2", "fr-par-2", "L4-1-24G", "float16", "pyannote", "cuda"),
+        ("p100-par1", "fr-par-1", "RENDER-S", "float32", "silero", "cpu"),
+    ]
+    for p in settings.profiles:
+        assert settings.security_groups[p.security_group].zone == p.zone
+
+
+def test_local_toml_is_the_embedded_default() -> None:
+    shipped = load_settings(CONFIG / "local.toml", env={})
+    assert shipped.profiles == (LOCAL_CPU_PROFILE,)
+    assert load_settings(None, env={}).profiles == shipped.profiles
+    assert check_settings(shipped, role="worker") == []
+
+
+CASES = [
+    (
+        "duplicate names",
+        GROUPS + profile("gpu") + profile("gpu"),
+        ["profiles: Value error, duplicate profile name 'gpu'"],
+    ),
+    (
+        "unknown field",
+        GROUPS + profile("gpu", colour="blue"),
+        ["profiles.0.colour: unknown field"],
+    ),
+    (
+        "security group of another zone",
+        GROUPS + profile("gpu", security_group="par1"),
+        [
+            "profiles.gpu.security_group: 'par1' lives in zone fr-par-1, not in the profile's "
+            "zone fr-par-2"
+        ],
+    ),
+    (
+        "security group not declared",
+        GROUPS + profile("gpu", security_group="nope"),
+        ["profiles.gpu.security_group: 'nope' is not declared in [security_groups]"],
+    ),
+    (
+        "multi-GPU type",
+        GROUPS + profile("gpu", server_type="L4-2-24G"),
+        [
+            "profiles.gpu.server_type: L4-2-24G has 2 GPUs; multi-GPU types are not allowed until "
+            "one worker can use each GPU"
+        ],
+    ),
+    (
+        "compute type the GPU cannot run",
+        GROUPS + profile("p100", zone="fr-par-1", server_type="RENDER-S", security_group="par1"),
+        [
+            "profiles.p100.compute_type: float16 cannot run on P100 (CUDA capability 6.0); "
+            "allowed: float32"
+        ],
+    ),
+    (
+        "unknown server type",
+        GROUPS + profile("gpu", server_type="L5-1-24G"),
+        [
+            "profiles.gpu.server_type: unknown server type 'L5-1-24G' (known: H100-1-80G, "
+            "H100-2-80G, H100-SXM-2-80G, H100-SXM-4-80G, H100-SXM-8-80G, L4-1-24G, L4-2-24G, "
+            "L4-4-24G, L4-8-24G, L40S-1-48G, L40S-2-48G, L40S-4-48G, L40S-8-48G, RENDER-S, "
+            "local-cpu)"
+        ],
+    ),
+    (
+        "a GPU with no price escapes the budget",
+        GROUPS + profile("gpu", hourly_cost_eur=0.0),
+        ["profiles.gpu.hourly_cost_eur: required for the scaleway provider (the budget counts it)"],
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_invalid_profiles_are_reported_exactly(
+    tmp_path: Path, text: str, expected: list[str]
+) -> None:
+    assert problems_of(tmp_path, text) == expected
+
+
+def test_missing_secrets_are_each_reported(tmp_path: Path) -> None:
+    assert problems_of(tmp_path, GROUPS + profile("gpu"), env={}) == [
+        "MURMUR_API_TOKEN: not set (comma-separated bearer tokens)",
+        "MURMUR_SIGNING_KEY: not set (signs worker credentials and URLs)",
+        "SCW_ACCESS_KEY: required by the scaleway profiles",
+        "SCW_SECRET_KEY: required by the scaleway profiles",
+    ]
+
+
+def test_every_problem_is_listed_at_once(tmp_path: Path) -> None:
+    text = (
+        GROUPS
+        + profile("a", server_type="L4-2-24G", security_group="par1")
+        + profile("b", zone="fr-par-1", server_type="RENDER-S", security_group="par1")
+    )
+    env = {k: v for k, v in SECRETS.items() if not k.startswith("SCW_")}
+    assert problems_of(tmp_path, text, env=env) == [
+        "profiles.a.server_type: L4-2-24G has 2 GPUs; multi-GPU types are not allowed until one "
+        "worker can use each GPU",
+        "profiles.a.security_group: 'par1' lives in zone fr-par-1, not in the profile's zone "
+        "fr-par-2",
+        "profiles.b.compute_type: float16 cannot run on P100 (CUDA capability 6.0); allowed: "
+        "float32",
+        "SCW_ACCESS_KEY: required by the scaleway profiles",
+        "SCW_SECRET_KEY: required by the scaleway profiles",
+    ]
+
+
+def test_validate_config_command_exits_non_zero_with_the_list(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(GROUPS + profile("gpu", server_type="L4-2-24G", security_group="par1"))
+    result = CliRunner().invoke(
+        murmur, ["validate-config", "--config", str(path)], env=SECRETS, catch_exceptions=False
+    )
+    assert result.exit_code == 1
+    assert "configuration has 2 problem(s):" in result.output
+    assert "  - profiles.gpu.server_type: L4-2-24G has 2 GPUs" in result.output
+    assert "  - profiles.gpu.security_group: 'par1' lives in zone fr-par-1" in result.output
+
+    ok = CliRunner().invoke(
+        murmur, ["validate-config", "--config", str(CONFIG / "murmur.example.toml")], env=SECRETS
+    )
+    assert ok.exit_code == 0, ok.output
+    assert "configuration OK: 2 profile(s): l4-par2, p100-par1" in ok.output

@@ -1,0 +1,29 @@
+"""The beat task `murmur.control.reconcile`: registered, routed to `control`, thin."""
+
+from __future__ import annotations
+
+import pytest
+
+import tasks.fleet.services as services
+from tasks.celery_app import CONTROL_QUEUE, celery_app
+from tasks.control import reconcile
+from tests.fleet.conftest import MakeFleet
+
+
+def test_the_beat_schedule_names_the_task() -> None:
+    entry = celery_app.conf.beat_schedule["reconcile"]
+    assert entry["task"] == "murmur.control.reconcile" == reconcile.name
+    assert celery_app.tasks["murmur.control.reconcile"].name == reconcile.name
+    assert entry["options"]["queue"] == CONTROL_QUEUE
+
+
+def test_the_task_runs_one_reconcile(
+    make_fleet: MakeFleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fleet = make_fleet()
+    fleet.add_jobs(1)
+    monkeypatch.setattr(services, "_PROCESS", fleet.svc)
+    result = reconcile.run()
+    assert result["ran"] is True and result["actions"] == 1
+    assert result["planned_hourly_eur"] == pytest.approx(0.75)
+    assert [w.profile for w in fleet.workers()] == ["l4-par2"]

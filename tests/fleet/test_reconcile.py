@@ -1,0 +1,528 @@
+"""Reconcile against real Redis, SQLite and PostgreSQL, the emulator and the real Scaleway SDK."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from sqlalchemy import update
+
+from app.credentials import InstanceCredential
+from app.fleet.cloudinit import USER_DATA_LIMIT_BYTES
+from app.fleet.service import read_plan
+from app.models import Job, JobStatus, Worker, WorkerState
+from app.observability.store import PROVISION_ATTEMPTS_KEY, snapshot_key
+from tasks.fleet.reconcile import LOCK_KEY
+from tasks.providers.base import worker_tags
+from tests.fleet.conftest import L4, P100, SIGNING_KEY, T0, Fleet, MakeFleet
+
+LIVE = (
+    WorkerState.REQUESTED.value,
+    WorkerState.CREATING.value,
+    WorkerState.BOOTING.value,
+    WorkerState.READY.value,
+)
+
+
+def live(fleet: Fleet, profile: str | None = None) -> list[Worker]:
+    return [w for w in fleet.workers(*LIVE) if profile is None or w.profile == profile]
+
+
+def servers_in(fleet: Fleet, zone: str) -> list[str]:
+    assert fleet.emulator is not None
+    with fleet.emulator.lock:
+        return [s for s, srv in fleet.emulator.servers.items() if srv.data["zone"] == zone]
+
+
+def settle_teardown(fleet: Fleet, rounds: int = 5) -> None:
+    for _ in range(rounds):
+        if not fleet.workers(WorkerState.DELETING.value, WorkerState.FAILED.value):
+            return
+        fleet.reconcile()
+
+
+# -- fallback on capacity only ----------------------------------------------------------------
+
+
+def test_out_of_stock_on_create_moves_to_the_next_profile(make_fleet: MakeFleet) -> None:
+    fleet = make_fleet()
+    assert fleet.emulator is not None
+    fleet.emulator.inject("create", "out_of_stock", zone="fr-par-2")
+    fleet.add_jobs(1)
+
+    report = fleet.reconcile()
+
+    assert [w.profile for w in live(fleet)] == ["p100-par1"]
+    assert servers_in(fleet, "fr-par-2") == [] and len(servers_in(fleet, "fr-par-1")) == 1
+    state = fleet.profile_state("l4-par2")
+    assert state is not None and state.consecutive_stockouts == 1
+    assert state.backoff_until is not None
+    assert state.backoff_until.replace(tzinfo=T0.tzinfo) == T0.replace(minute=1)
+    assert "out_of_stock" in (state.last_error or "")
+    failed = fleet.workers(WorkerState.FAILED.value)
+    assert [(w.profile, w.delete_reason) for w in failed] == [("l4-par2", "out of stock")]
+    assert report.plan is not None
+    assert any("l4-par2: out of stock" in r for r in report.plan.held_back)
+    assert fleet.svc.redis.hgetall(PROVISION_ATTEMPTS_KEY) == {
+        b"l4-par2|out_of_stock": b"1",
+        b"p100-par1|succeeded": b"1",
+    }
+
+
+def test_out_of_stock_on_power_on_deletes_the_server_and_falls_back(make_fleet: MakeFleet) -> None:
+    fleet = make_fleet()
+    assert fleet.emulator is not None
+    fleet.emulator.inject("poweron", "out_of_stock", zone="fr-par-2")
+    fleet.add_jobs(1)
+
+    fleet.reconcile()
+
+    ops = [(op, zone) for op, zone, _ in fleet.emulator.events]
+    assert ops[:5] == [
+        ("create", "fr-par-2"),
+        ("user_data", "fr-par-2"),
+        ("delete", "fr-par-2"),
+        ("gone", "fr-par-2"),
+        ("delete_volume", "fr-par-2"),
+    ]
+    assert ops[5:8] == [("create", "fr-par-1"), ("user_data", "fr-par-1"), ("poweron", "fr-par-1")]
+    assert servers_in(fleet, "fr-par-2") == []
+    assert [w.profile for w in live(fleet)] == ["p100-par1"]
+    # The created server's Block volume went with it: only the p100 server's volume remains.
+    assert fleet.emulator.inventory() == {"servers": 1, "ips": 0, "volumes": 1}
+
+
+def test_back_off_doubles_then_clears_when_stock_returns(make_fleet: MakeFleet) -> None:
+    fleet = make_fleet()
+    assert fleet.emulator is not None
+    fault = fleet.emulator.inject("create", "out_of_stock", zone="fr-par-2")
+    fleet.add_jobs(3)
+
+    fleet.reconcile()
+    assert [w.profile for w in live(fleet)] == ["p100-par1", "p100-par1"]  # its max_workers
+
+    fleet.reconcile(advance=30)  # still backing off: l4 not tried
+    assert fault.hits == 1
+
+    fleet.reconcile(advance=31)  # 61 s: tried again, out of stock again
+    state = fleet.profile_state("l4-par2")
+    assert fault.hits == 2 and state is not None and state.consecutive_stockouts == 2
+    assert state.backoff_until is not None
+    assert (state.backoff_until.replace(tzinfo=T0.tzinfo) - fleet.clock()).total_seconds() == 120
+
+    fleet.emulator.clear_faults()
+    fleet.reconcile(advance=121)
+    state = fleet.profile_state("l4-par2")
+    assert state is not None and state.consecutive_stockouts == 0 and state.backoff_until is None
+    assert [w.profile for w in live(fleet, "l4-par2")] == ["l4-par2"]
+
+
+ERRORS = [
+    ("quota", "create", "QuotaExceeded", "quotas_exceeded", "quota_exceeded"),
+    ("permission", "create", "PermissionDenied", "permissions_denied", "permission_denied"),
+    ("server_error", "create", "ProviderUnavailable", "HTTP 500", "provider_unavailable"),
+    (
+        "bad_gateway",
+        "create",
+        "ProviderUnavailable",
+        "unreadable error body",
+        "provider_unavailable",
+    ),
+    ("invalid", "create", "InvalidArgument", "invalid_arguments", "invalid_argument"),
+    ("permission", "poweron", "PermissionDenied", "permissions_denied", "permission_denied"),
+    ("server_error", "user_data", "ProviderUnavailable", "HTTP 500", "provider_unavailable"),
+]
+
+
+@pytest.mark.parametrize(("kind", "op", "error", "text", "outcome"), ERRORS)
+def test_other_errors_stop_without_fallback(
+    make_fleet: MakeFleet,
+    kind: str,
+    op: str,
+    error: str,
+    text: str,
+    outcome: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    fleet = make_fleet()
+    assert fleet.emulator is not None
+    fleet.emulator.inject(op, kind, zone="fr-par-2")
+    fleet.add_jobs(2)
+
+    report = fleet.reconcile()
+
+    assert live(fleet) == []  # no jump to p100-par1
+    assert fleet.emulator.inventory() == {"servers": 0, "ips": 0, "volumes": 0}
+    state = fleet.profile_state("l4-par2")
+    assert state is not None and text in (state.last_error or "")
+    assert state.backoff_until is None and state.consecutive_stockouts == 0
+    assert state.retry_at is not None
+    failed = fleet.workers(WorkerState.FAILED.value)
+    assert len(failed) == 1 and text in (failed[0].error or "")
+    assert error in caplog.text and "no fallback" in caplog.text
+    assert report.plan is not None and report.outcomes[0].errors
+    counted = fleet.svc.redis.hgetall(PROVISION_ATTEMPTS_KEY)
+    assert counted == {f"l4-par2|{outcome}".encode(): b"1"}
+
+    # Held, not re-routed: the next round neither retries nor falls back.
+    plan = fleet.reconcile(advance=30).plan
+    assert plan is not None and live(fleet) == []
+    assert any("not falling back" in r for r in plan.held_back)
+    assert len(fleet.workers(WorkerState.FAILED.value)) == 1
+
+    fleet.emulator.clear_faults()
+    fleet.reconcile(advance=31)
+    assert {w.profile for w in live(fleet)} == {"l4-par2"}
+
+
+def test_slow_create_times_out_and_the_late_server_is_swept(make_fleet: MakeFleet) -> None:
+    fleet = make_fleet()
+    assert fleet.emulator is not None
+    fleet.emulator.inject("create", "slow", zone="fr-par-2", delay=3.0, times=1)
+    fleet.add_jobs(1)
+
+    fleet.reconcile()
+    failed = fleet.workers(WorkerState.FAILED.value)
+    assert len(failed) == 1 and "no answer within 2s" in (failed[0].error or "")
+    assert live(fleet) == []  # a timeout is not out of stock
+
+    # The emulator finishes the create after the client gave up: a tagged server nobody owns.
+    deadline = time.monotonic() + 10
+    while not servers_in(fleet, "fr-par-2") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    leaked = servers_in(fleet, "fr-par-2")
+    assert len(leaked) == 1
+    assert f"murmur-worker={failed[0].id}" in fleet.emulator.server(leaked[0])["tags"]
+
+    fleet.reconcile(advance=61)
+    settle_teardown(fleet)
+    assert leaked[0] not in fleet.emulator.servers
+    orphans = [w for w in fleet.workers() if w.delete_reason == "orphan"]
+    assert [w.instance_id for w in orphans] == leaked
+    assert orphans[0].state == WorkerState.DELETED.value
+
+
+# -- instance setup ---------------------------------------------------------------------------
+
+
+def test_zone_security_group_tags_and_user_data(make_fleet: MakeFleet) -> None:
+    fleet = make_fleet([L4, P100])
+    assert fleet.emulator is not None
+    fleet.emulator.inject("create", "out_of_stock", zone="fr-par-2", times=1)
+    fleet.add_jobs(2)
+    fleet.reconcile()  # l4 out of stock once: p100 gets both
+    fleet.reconcile(advance=61)  # nothing waits any more: no l4 worker
+    fleet.add_jobs(1)
+    fleet.reconcile()  # l4 is first again and in stock
+
+    groups = fleet.svc.settings.security_groups
+    for w in live(fleet):
+        profile = fleet.svc.settings.profile(w.profile)
+        assert w.instance_id is not None
+        server = fleet.emulator.server(w.instance_id)
+        assert server["zone"] == profile.zone
+        assert server["commercial_type"] == profile.server_type
+        assert server["security_group"]["id"] == groups[profile.security_group].id
+        assert server["project"] == fleet.svc.settings.scaleway.project_id
+        assert server["tags"] == worker_tags(w.id, w.profile)
+        assert [v["volume_type"] for v in server["volumes"].values()] == ["sbs_volume"]
+        assert w.resources is not None and w.resources["zone"] == profile.zone
+        events = [op for op, _, sid in fleet.emulator.events if sid == w.instance_id]
+        assert events[:3] == ["create", "user_data", "poweron"]  # user data before power-on
+        data = fleet.emulator.user_data(w.instance_id)["cloud-init"]
+        assert len(data) < USER_DATA_LIMIT_BYTES
+        token = InstanceCredential.derive(SIGNING_KEY, w.id, w.instance_id).token
+        assert data.startswith(b"#cloud-config") and token.encode() in data
+        assert SIGNING_KEY.encode() not in data
+        assert f"MURMUR_PROFILE={profile.name}".encode() in data
+    assert sorted(w.profile for w in live(fleet)) == ["l4-par2", "p100-par1", "p100-par1"]
+
+
+def test_user_data_never_logged(make_fleet: MakeFleet, caplog: pytest.LogCaptureFixture) -> None:
+    fleet = make_fleet()
+    fleet.add_jobs(1)
+    with caplog.at_level("DEBUG"):
+        fleet.reconcile()
+    (w,) = live(fleet)
+    assert w.instance_id is not None
+    token = InstanceCredential.derive(SIGNING_KEY, w.id, w.instance_id).token
+    assert "provision l4-par2" in caplog.text
+    assert token not in caplog.text and "cloud-config" not in caplog.text
+
+
+# -- readiness --------------------------------------------------------------------------------
+
+
+def test_incompatible_hardware_is_rejected_then_deleted(make_fleet: MakeFleet) -> None:
+    fleet = make_fleet()
+    assert fleet.emulator is not None
+    fleet.add_jobs(1)
+    fleet.reconcile()
+    (w,) = live(fleet)
+
+    # The instance came up on a P100 (capability 6.0): float16 cannot run there.
+    problems = fleet.report_ready(w.id, cuda_capability=[6, 0], gpu_name="P100")
+    assert problems == [
+        "compute_type: float16 needs CUDA capability >= 7.0; the worker's GPU has 6.0"
+    ]
+    (rejected,) = fleet.workers(WorkerState.FAILED.value)
+    assert rejected.error is not None and rejected.error.startswith("runtime rejected: ")
+
+    fleet.reconcile(advance=5)
+    settle_teardown(fleet)
+    (gone,) = [x for x in fleet.workers() if x.id == w.id]
+    assert gone.state == WorkerState.DELETED.value and gone.delete_reason == "runtime rejected"
+    assert gone.instance_id not in fleet.emulator.servers
+
+
+def test_ready_worker_gets_lifecycle_timestamps(make_fleet: MakeFleet) -> None:
+    fleet = make_fleet()
+    (job_id,) = fleet.add_jobs(1)
+    fleet.reconcile()
+    fleet.reconcile(advance=5)  # the provider still says starting
+    (w,) = live(fleet)
+    assert w.booted_at is None
+    fleet.reconcile(advance=5)  # now running: booted
+    (w,) = live(fleet)
+    assert w.created_at is not None and w.booted_at is not None
+    assert w.booted_at.replace(tzinfo=T0.tzinfo) == fleet.clock()
+    fleet.clock.advance(20)
+    assert fleet.report_ready(w.id) == []
+    fleet.reconcile()
+    assert fleet.claim_all() == 1
+    fleet.clock.advance(30)
+    assert fleet.finish_all() == 1
+    fleet.reconcile(advance=61)
+    settle_teardown(fleet)
+    (done,) = fleet.workers()
+    stamps = [
+        done.requested_at,
+        done.created_at,
+        done.booted_at,
+        done.ready_at,
+        done.first_job_at,
+        done.idle_since,
+        done.delete_requested_at,
+        done.deleted_at,
+    ]
+    assert all(s is not None for s in stamps)
+    assert stamps == sorted(stamps)  # type: ignore[type-var]
+    assert done.delete_reason == "idle"
+    assert [j.status for j in fleet.jobs()] == [JobStatus.SUCCEEDED.value]
+    assert job_id == fleet.jobs()[0].id
+
+
+# -- teardown ---------------------------------------------------------------------------------
+
+
+def test_teardown_removes_server_flexible_ip_and_volume(make_fleet: MakeFleet) -> None:
+    fleet = make_fleet()
+    assert fleet.emulator is not None
+    fleet.emulator.inject("poweron", "attach_flexible_ip", zone="fr-par-2")
+    fleet.add_jobs(2)
+    fleet.reconcile()
+    fleet.reconcile(advance=5)
+    assert fleet.emulator.inventory() == {"servers": 2, "ips": 2, "volumes": 2}
+    fleet.ready_all()
+    assert fleet.claim_all() == 2
+    assert fleet.finish_all() == 2
+    for w in fleet.workers():  # their usage reports, which retirement must drop
+        fleet.svc.redis.set(snapshot_key(w.id), "{}")
+
+    fleet.reconcile(advance=61)  # idle: deleted
+    settle_teardown(fleet)
+    assert all(not fleet.svc.redis.exists(snapshot_key(w.id)) for w in fleet.workers())
+
+    assert fleet.emulator.inventory() == {"servers": 0, "ips": 0, "volumes": 0}
+    assert {w.state for w in fleet.workers()} == {WorkerState.DELETED.value}
+
+
+def test_a_failed_delete_is_retried_until_confirmed(make_fleet: MakeFleet) -> None:
+    fleet = make_fleet()
+    assert fleet.emulator is not None
+    fleet.add_jobs(1)
+    fleet.reconcile()
+    fleet.reconcile(advance=5)
+    fleet.ready_all()
+    fleet.claim_all()
+    fleet.finish_all()
+    fleet.emulator.inject("terminate", "server_error", times=1)
+
+    fleet.reconcile(advance=61)
+    (w,) = fleet.workers()
+    assert w.state == WorkerState.DELETING.value and "HTTP 500" in (w.error or "")
+    assert fleet.emulator.inventory()["servers"] == 1
+
+    fleet.reconcile(advance=5)
+    settle_teardown(fleet)
+    (w,) = fleet.workers()
+    assert w.state == WorkerState.DELETED.value
+    assert fleet.emulator.inventory() == {"servers": 0, "ips": 0, "volumes": 0}
+
+
+def test_server_stuck_starting_hits_boot_timeout_and_its_job_moves(make_fleet: MakeFleet) -> None:
+    fleet = make_fleet()
+    assert fleet.emulator is not None
+    fleet.emulator.inject("poweron", "never_start", zone="fr-par-2", times=1)
+    (job,) = fleet.add_jobs(1)
+    fleet.reconcile()
+    fleet.reconcile(advance=5)
+    (w,) = live(fleet)
+    assert w.state == WorkerState.BOOTING.value and w.booted_at is None
+    assert [j.status for j in fleet.jobs()] == [JobStatus.DISPATCHED.value]
+
+    fleet.reconcile(advance=901)
+    settle_teardown(fleet)
+    dead = [x for x in fleet.workers() if x.id == w.id][0]
+    assert dead.state == WorkerState.DELETED.value and dead.delete_reason == "boot timeout"
+    assert dead.instance_id not in fleet.emulator.servers
+    # Its job went back, and onto the replacement worker once that one exists.
+    assert [j.status for j in fleet.jobs()] == [JobStatus.QUEUED.value]
+    fleet.reconcile(advance=5)
+    (replacement,) = live(fleet)
+    (j,) = fleet.jobs()
+    assert j.id == job and j.status == JobStatus.DISPATCHED.value
+    assert j.profile == replacement.profile
+
+
+def test_silent_worker_is_dead_and_its_job_redispatched(make_fleet: MakeFleet) -> None:
+    fleet = make_fleet(observability={"enabled": True, "report_interval_seconds": 30})
+    fleet.add_jobs(1)
+    fleet.reconcile()
+    fleet.ready_all()
+    fleet.reconcile(advance=1)
+    assert fleet.claim_all() == 1
+    (w,) = live(fleet)
+
+    fleet.reconcile(advance=91)  # 3 report intervals without a word
+    settle_teardown(fleet)
+    dead = [x for x in fleet.workers() if x.id == w.id][0]
+    assert dead.delete_reason == "no heartbeat" and dead.state == WorkerState.DELETED.value
+    (j,) = fleet.jobs()
+    assert j.status == JobStatus.QUEUED.value and j.worker_id is None
+    fleet.reconcile(advance=5)
+    (j,) = fleet.jobs()
+    assert j.status == JobStatus.DISPATCHED.value
+    assert len(live(fleet)) == 1 and live(fleet)[0].id != w.id
+
+
+def test_instance_that_vanished_is_dead(make_fleet: MakeFleet) -> None:
+    fleet = make_fleet()
+    assert fleet.emulator is not None
+    fleet.add_jobs(1)
+    fleet.reconcile()
+    fleet.ready_all()
+    (w,) = live(fleet)
+    assert w.instance_id is not None
+    with fleet.emulator.lock:  # someone deleted it in the console
+        fleet.emulator._remove(fleet.emulator.servers[w.instance_id])
+
+    fleet.reconcile(advance=5)
+    settle_teardown(fleet)
+    gone = [x for x in fleet.workers() if x.id == w.id][0]
+    assert gone.delete_reason == "instance gone" and gone.state == WorkerState.DELETED.value
+    assert fleet.emulator.inventory()["volumes"] == 1  # its volume deleted, the new one's left
+
+
+def test_orphan_instances_are_deleted(make_fleet: MakeFleet) -> None:
+    fleet = make_fleet()
+    assert fleet.emulator is not None
+    provider = fleet.svc.providers["scaleway"]
+    profile = fleet.svc.settings.profile("l4-par2")
+    unknown = provider.create(profile, "wrk_from_a_lost_database", lambda i, r: {})
+    fleet.reconcile()
+    settle_teardown(fleet)
+    assert unknown.instance_id not in fleet.emulator.servers
+    assert fleet.emulator.inventory() == {"servers": 0, "ips": 0, "volumes": 0}
+    (adopted,) = fleet.workers()
+    assert adopted.id == "wrk_from_a_lost_database" and adopted.delete_reason == "orphan"
+
+
+def test_instance_of_a_deleted_worker_is_an_orphan(make_fleet: MakeFleet) -> None:
+    fleet = make_fleet()
+    assert fleet.emulator is not None
+    fleet.add_jobs(1)
+    fleet.reconcile()
+    (w,) = live(fleet)
+    with fleet.db.session() as s:  # the row says deleted, the provider disagrees
+        s.execute(
+            update(Worker)
+            .where(Worker.id == w.id)
+            .values(state=WorkerState.DELETED.value, deleted_at=fleet.clock())
+        )
+        s.execute(update(Job).values(status=JobStatus.CANCELLED.value))
+    fleet.reconcile(advance=5)
+    settle_teardown(fleet)
+    assert fleet.emulator.inventory() == {"servers": 0, "ips": 0, "volumes": 0}
+
+
+# -- scale -------------------------------------------------------------------------------------
+
+
+def test_burst_of_50_jobs_scales_to_the_caps_and_back_to_zero(make_fleet: MakeFleet) -> None:
+    fleet = make_fleet()
+    assert fleet.emulator is not None
+    fleet.add_jobs(50)
+    peak: dict[str, int] = {}
+    for _ in range(60):
+        report = fleet.reconcile(advance=5)
+        assert report.plan is not None
+        assert report.plan.planned_hourly_eur <= 10.0
+        counts = {p: len(live(fleet, p)) for p in ("l4-par2", "p100-par1")}
+        assert counts["l4-par2"] <= 3 and counts["p100-par1"] <= 2
+        for p, n in counts.items():
+            peak[p] = max(peak.get(p, 0), n)
+        fleet.ready_all()
+        fleet.finish_all()
+        fleet.claim_all()
+        if not fleet.jobs(
+            JobStatus.QUEUED.value, JobStatus.DISPATCHED.value, JobStatus.RUNNING.value
+        ):
+            break
+    assert peak == {"l4-par2": 3, "p100-par1": 2}
+    assert len(fleet.jobs(JobStatus.SUCCEEDED.value)) == 50
+
+    fleet.reconcile(advance=61)
+    settle_teardown(fleet)
+    assert live(fleet) == []
+    assert fleet.emulator.inventory() == {"servers": 0, "ips": 0, "volumes": 0}
+    assert {w.delete_reason for w in fleet.workers()} == {"idle"}
+    assert len(fleet.workers()) == 5  # no worker was created beyond the caps
+
+
+def test_budget_holds_back_and_says_so(make_fleet: MakeFleet) -> None:
+    fleet = make_fleet(budget=3.0)
+    fleet.add_jobs(10)
+    report = fleet.reconcile()
+    assert report.plan is not None
+    assert [w.profile for w in live(fleet)] == ["l4-par2"] * 3
+    assert report.plan.planned_hourly_eur == pytest.approx(2.25)
+    assert any("p100-par1: budget of 3.00 EUR/h reached" in r for r in report.plan.held_back)
+    published = read_plan(fleet.svc.redis)
+    assert published is not None and published["planned_hourly_eur"] == pytest.approx(2.25)
+    assert any("budget" in r for r in published["held_back"])
+
+
+def test_dispatched_jobs_sit_on_the_profile_queue(make_fleet: MakeFleet) -> None:
+    fleet = make_fleet()
+    fleet.add_jobs(3)
+    fleet.reconcile()
+    fleet.reconcile(advance=5)
+    dispatched = fleet.jobs(JobStatus.DISPATCHED.value)
+    assert len(dispatched) == 3
+    assert {j.profile for j in dispatched} == {"l4-par2"}
+    assert fleet.svc.redis.llen("transcribe.l4-par2") == 3
+
+
+def test_one_run_at_a_time(make_fleet: MakeFleet) -> None:
+    fleet = make_fleet()
+    fleet.add_jobs(1)
+    held = fleet.svc.redis.lock(LOCK_KEY, timeout=30)
+    assert held.acquire(blocking=False)
+    try:
+        assert fleet.reconcile().ran is False
+        assert fleet.workers() == []
+    finally:
+        held.release()
+    assert fleet.reconcile().ran is True
+    assert len(fleet.workers()) == 1

@@ -1,0 +1,212 @@
+"""The `scaleway` provider through the real SDK against the emulator: errors, paging, teardown."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from app.config import Profile, Settings
+from app.fleet.cloudinit import USER_DATA_LIMIT_BYTES, render_user_data, worker_environment
+from tasks.providers.base import (
+    InvalidArgument,
+    OutOfStock,
+    PermissionDenied,
+    ProviderError,
+    ProviderTimeout,
+    ProviderUnavailable,
+    QuotaExceeded,
+    bounded,
+)
+from tasks.providers.scaleway import ScalewayProvider
+from tests.fleet.conftest import L4, P100, fleet_settings
+from tests.fleet.emulator import InstanceEmulator
+
+
+@pytest.fixture()
+def settings(emulator: InstanceEmulator) -> Settings:
+    groups = {
+        "workers-par2": {"id": emulator.add_security_group("fr-par-2", "m"), "zone": "fr-par-2"},
+        "workers-par1": {"id": emulator.add_security_group("fr-par-1", "m"), "zone": "fr-par-1"},
+    }
+    return fleet_settings(emulator.url, groups, [L4, P100], fleet={"provider_timeout_seconds": 1.0})
+
+
+@pytest.fixture()
+def provider(settings: Settings) -> ScalewayProvider:
+    return ScalewayProvider(settings, poll_interval=0.01, teardown_wait=1.0)
+
+
+def l4(settings: Settings) -> Profile:
+    return settings.profile("l4-par2")
+
+
+def bind(settings: Settings, profile: Profile) -> Any:
+    def _bind(instance_id: str, resources: Mapping[str, Any]) -> Mapping[str, str]:
+        return worker_environment(settings, profile, "wrk_test", instance_id)
+
+    return _bind
+
+
+ERRORS = [
+    ("out_of_stock", OutOfStock),
+    ("quota", QuotaExceeded),
+    ("permission", PermissionDenied),
+    ("server_error", ProviderUnavailable),
+    ("bad_gateway", ProviderUnavailable),
+    ("invalid", InvalidArgument),
+]
+
+
+@pytest.mark.parametrize(("kind", "error"), ERRORS, ids=[e[0] for e in ERRORS])
+def test_create_errors_are_typed(
+    emulator: InstanceEmulator,
+    settings: Settings,
+    provider: ScalewayProvider,
+    kind: str,
+    error: type[ProviderError],
+) -> None:
+    emulator.inject("create", kind)
+    with pytest.raises(error) as caught:
+        provider.create(l4(settings), "wrk_test", bind(settings, l4(settings)))
+    assert type(caught.value) is error
+    assert caught.value.reason.startswith("create_server: ")
+    assert caught.value.instance_id is None
+    assert emulator.inventory() == {"servers": 0, "ips": 0, "volumes": 0}
+
+
+def test_only_out_of_stock_is_a_capacity_error() -> None:
+    assert OutOfStock("x").capacity
+    assert not any(e("x").capacity for _, e in ERRORS if e is not OutOfStock)
+
+
+def test_wrong_secret_is_permission_denied(emulator: InstanceEmulator, settings: Settings) -> None:
+    wrong = settings.model_copy(
+        update={
+            "scaleway_secret_key": settings.scaleway_secret_key.__class__(
+                "0f0f0f0f-0f0f-4f0f-8f0f-0f0f0f0f0f0f"
+            )
+        }
+    )
+    with pytest.raises(PermissionDenied, match="denied_authentication"):
+        ScalewayProvider(wrong).list_by_tag(frozenset({"fr-par-2"}))
+
+
+def test_invalid_credentials_are_refused_before_any_call(settings: Settings) -> None:
+    bad = settings.model_copy(
+        update={"scaleway_access_key": settings.scaleway_access_key.__class__("nope")}
+    )
+    with pytest.raises(InvalidArgument, match="scaleway client"):
+        ScalewayProvider(bad)
+
+
+def test_a_slow_api_times_out(emulator: InstanceEmulator, provider: ScalewayProvider) -> None:
+    emulator.inject("list_servers", "slow", delay=3.0, times=1)
+    with pytest.raises(ProviderTimeout, match="no answer within 1s"):
+        provider.list_by_tag(frozenset({"fr-par-2"}))
+
+
+@pytest.mark.parametrize("op", ["poweron", "user_data"])
+def test_a_server_that_cannot_start_is_deleted(
+    emulator: InstanceEmulator, settings: Settings, provider: ScalewayProvider, op: str
+) -> None:
+    kind = "out_of_stock" if op == "poweron" else "server_error"
+    emulator.inject(op, kind, zone="fr-par-2")
+    with pytest.raises(OutOfStock if op == "poweron" else ProviderUnavailable) as caught:
+        provider.create(l4(settings), "wrk_test", bind(settings, l4(settings)))
+    assert caught.value.instance_id is None  # cleaned up: nothing left to hand on
+    started = ["create", "user_data"] if op == "poweron" else ["create"]
+    assert [e[0] for e in emulator.events] == [*started, "delete", "gone", "delete_volume"]
+    assert emulator.inventory() == {"servers": 0, "ips": 0, "volumes": 0}
+
+
+def test_a_start_failure_whose_cleanup_fails_hands_the_instance_on(
+    emulator: InstanceEmulator, settings: Settings, provider: ScalewayProvider
+) -> None:
+    emulator.inject("poweron", "out_of_stock")
+    emulator.inject("delete_server", "server_error", times=1)
+    with pytest.raises(OutOfStock) as caught:
+        provider.create(l4(settings), "wrk_test", bind(settings, l4(settings)))
+    leftover = caught.value.instance_id
+    assert leftover is not None and leftover in emulator.servers
+    assert caught.value.resources["zone"] == "fr-par-2"
+    assert provider.delete(leftover, caught.value.resources).confirmed
+    assert emulator.inventory() == {"servers": 0, "ips": 0, "volumes": 0}
+
+
+def test_listing_pages_through_every_server(
+    emulator: InstanceEmulator, settings: Settings, provider: ScalewayProvider
+) -> None:
+    profile = l4(settings)
+    created = {
+        provider.create(profile, f"wrk_{i}", lambda iid, res: {}).instance_id for i in range(105)
+    }
+    listed = provider.list_by_tag(frozenset({"fr-par-2", "fr-par-1"}))
+    assert {i.instance_id for i in listed} == created
+    pages = [p for m, p in emulator.requests if m == "GET" and p.endswith("/servers")]
+    assert len(pages) == 3 + 1  # fr-par-1 (one empty page) + fr-par-2 (100, 5, empty)
+    assert {i.profile for i in listed} == {"l4-par2"}
+    assert all(i.worker_id and i.worker_id.startswith("wrk_") for i in listed)
+
+
+def test_availability_is_a_hint(
+    emulator: InstanceEmulator, settings: Settings, provider: ScalewayProvider
+) -> None:
+    assert provider.availability(l4(settings)) == "available"
+    emulator.set_availability("fr-par-2", "L4-1-24G", "shortage")
+    assert provider.availability(l4(settings)) == "shortage"
+    emulator.inject("availability", "server_error")
+    assert provider.availability(l4(settings)) is None
+
+
+def test_teardown_of_a_server_stuck_starting(
+    emulator: InstanceEmulator, settings: Settings, provider: ScalewayProvider
+) -> None:
+    emulator.inject("poweron", "never_start")
+    instance = provider.create(l4(settings), "wrk_test", bind(settings, l4(settings)))
+    assert emulator.server(instance.instance_id)["state"] == "starting"
+    assert provider.delete(instance.instance_id, instance.resources).confirmed
+    assert provider.get(instance.instance_id, instance.resources) is None
+    assert emulator.inventory() == {"servers": 0, "ips": 0, "volumes": 0}
+
+
+def test_teardown_of_an_orphan_learns_its_resources(
+    emulator: InstanceEmulator, settings: Settings, provider: ScalewayProvider
+) -> None:
+    emulator.inject("poweron", "attach_flexible_ip")
+    instance = provider.create(l4(settings), "wrk_test", lambda i, r: {})
+    # What a sweep knows about an instance it finds: only the zone and the tags.
+    result = provider.delete(instance.instance_id, {"zone": "fr-par-2"})
+    assert result.confirmed
+    assert emulator.inventory() == {"servers": 0, "ips": 0, "volumes": 0}
+
+
+def test_user_data_stays_small(settings: Settings) -> None:
+    for profile in settings.profiles:
+        env = worker_environment(settings, profile, "wrk_" + "f" * 32, "f" * 36)
+        assert len(render_user_data(env).encode()) < USER_DATA_LIMIT_BYTES
+
+
+def test_oversized_user_data_is_refused_and_the_server_deleted(
+    emulator: InstanceEmulator, settings: Settings, provider: ScalewayProvider
+) -> None:
+    def huge(instance_id: str, resources: Mapping[str, Any]) -> Mapping[str, str]:
+        return {"MURMUR_PADDING": "x" * USER_DATA_LIMIT_BYTES}
+
+    with pytest.raises(InvalidArgument, match="exceeds"):
+        provider.create(l4(settings), "wrk_test", huge)
+    assert emulator.inventory() == {"servers": 0, "ips": 0, "volumes": 0}
+
+
+def test_bounded_returns_raises_and_gives_up() -> None:
+    assert bounded(lambda: 42, 1.0, "answer") == 42
+    with pytest.raises(KeyError):
+        bounded(lambda: {}["missing"], 1.0, "lookup")
+    release = threading.Event()
+    try:
+        with pytest.raises(ProviderTimeout, match="stuck: no answer within 0.05s"):
+            bounded(release.wait, 0.05, "stuck")
+    finally:
+        release.set()
