@@ -277,7 +277,13 @@ def load_settings(
     try:
         settings = Settings.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(problems + _format_validation_error(exc)) from None
+        found = _format_validation_error(exc)
+        # The name check runs only once every profile parses; report duplicates regardless.
+        names = [p.get("name") for p in data.get("profiles", []) if isinstance(p, dict)]
+        for name in sorted({n for n in names if isinstance(n, str) and names.count(n) > 1}):
+            if not any(f"duplicate profile name {name!r}" in f for f in found):
+                found.append(f"profiles: duplicate profile name {name!r}")
+        raise ConfigError(problems + found) from None
     if problems:
         raise ConfigError(problems)
     return settings

@@ -231,7 +231,10 @@ def up() -> int:
 
 def demo(files: list[str]) -> int:
     env = dev_environment()
-    env.setdefault("MURMUR_CONFIG", str(ROOT / "config" / "demo.toml"))
+    if "MURMUR_CONFIG" not in env:
+        # The demo's preferred profile is "out of stock" so the fallback can be watched.
+        env["MURMUR_CONFIG"] = str(ROOT / "config" / "demo.toml")
+        env.setdefault("MURMUR_LOCAL_OUT_OF_STOCK", "local-preferred")
     token = env["MURMUR_API_TOKEN"].split(",")[0]
     headers = {"Authorization": f"Bearer {token}"}
     with running_stack(env, echo=FLEET_WORDS) as url:
@@ -267,7 +270,35 @@ def demo(files: list[str]) -> int:
                 f"{job['processing_seconds']:.2f} s) ---\n{text.strip()}\n",
                 flush=True,
             )
+        live = _wait_for_empty_fleet(env, timeout=60)
+        print(f"fleet: {live} live worker(s) after the idle timeout", flush=True)
     return 0
+
+
+def _wait_for_empty_fleet(env: dict[str, str], timeout: float) -> int:
+    """Let the reconcile delete idle workers, as it would in the cloud; the live count left."""
+    from sqlalchemy import func, select
+
+    from app.db import Database
+    from app.models import LIVE_WORKER_STATES, Worker
+
+    db = Database(load_settings(env=env).database_url)
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            with db.session() as s:
+                live = int(
+                    s.execute(
+                        select(func.count())
+                        .select_from(Worker)
+                        .where(Worker.state.in_(LIVE_WORKER_STATES))
+                    ).scalar_one()
+                )
+            if live == 0 or time.monotonic() > deadline:
+                return live
+            time.sleep(0.5)
+    finally:
+        db.dispose()
 
 
 def main(argv: list[str]) -> int:
