@@ -271,8 +271,9 @@ def demo(files: list[str]) -> int:
                 flush=True,
             )
         live = _wait_for_empty_fleet(env, timeout=60)
-        print(f"fleet: {live} live worker(s) after the idle timeout", flush=True)
-    return 0
+    # Printed once the stack has stopped, so the control worker's last lines come first.
+    print(f"fleet: {live} live worker(s) left after the idle timeout", flush=True)
+    return 0 if live == 0 else 1
 
 
 def _wait_for_empty_fleet(env: dict[str, str], timeout: float) -> int:
