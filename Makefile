@@ -40,6 +40,9 @@ flower: install
 bench: install
 	$(PY) bench/pipeline_overhead.py
 	$(PY) bench/reconcile.py
+	$(PY) bench/ingest.py
+	$(PY) bench/submit_throughput.py
+	$(PY) bench/e2e_overhead.py
 
 clean:
 	rm -rf var .pytest_cache .mypy_cache .ruff_cache

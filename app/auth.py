@@ -10,7 +10,6 @@ from functools import wraps
 from typing import Any, TypeVar, cast
 
 from flask import g, request
-from sqlalchemy import select
 
 from app.context import services
 from app.credentials import constant_time_in, token_fingerprint, verify_instance_credential
@@ -80,8 +79,8 @@ def authenticate_worker(worker_id: str, instance_id: str, *, live_only: bool = T
         or not verify_instance_credential(key, worker_id, instance_id, token)
     ):
         raise _unauthorized("invalid worker credential")
-    with svc.db.session() as s:
-        worker = s.execute(select(Worker).where(Worker.id == worker_id)).scalar_one_or_none()
+    with svc.db.reader() as s:
+        worker = s.get(Worker, worker_id)
     if worker is None or worker.instance_id != instance_id:
         raise ApiError(403, "unknown_worker", "no such worker on this instance")
     if live_only and worker.state not in LIVE_WORKER_STATES:

@@ -275,14 +275,12 @@ def jobs(status: str | None, limit: int) -> None:
         )
 
 
-def _register_optional_commands() -> None:
-    try:
-        from app.fleet.cli import fleet_command
-    except ImportError:
-        return
+def _register_domain_commands() -> None:
+    from app.fleet.cli import fleet_command
+
     main.add_command(fleet_command, "fleet")
 
 
-_register_optional_commands()
+_register_domain_commands()
 if __name__ == "__main__":
     main()

@@ -15,6 +15,9 @@ class Base(DeclarativeBase):
     pass
 
 
+READ_ONLY = "murmur_read_only"
+
+
 def normalise_url(url: str) -> str:
     """Use psycopg 3 for PostgreSQL URLs that name no driver."""
     if url.startswith("postgresql://"):
@@ -49,7 +52,10 @@ def make_engine(url: str) -> Engine:
 
         @event.listens_for(engine, "begin")
         def _sqlite_begin(conn: Any) -> None:
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            # Readers (see Database.reader) start a deferred transaction: in WAL mode they run
+            # beside the writer instead of queueing for its lock.
+            read_only = conn.get_execution_options().get(READ_ONLY, False)
+            conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
     return engine
 
@@ -73,6 +79,16 @@ class Database:
             raise
         finally:
             s.close()
+
+    @contextmanager
+    def reader(self) -> Iterator[Session]:
+        """A session for reads only: on SQLite it does not take the write lock."""
+        s = self._factory()
+        try:
+            s.connection(execution_options={READ_ONLY: True})
+            yield s
+        finally:
+            s.close()  # ends the transaction; loaded objects stay readable (not expired)
 
     def ping(self) -> None:
         with self.engine.connect() as conn:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-
 import redis
 from celery import Celery
 from flask import Flask
@@ -38,17 +36,12 @@ def create_app(
     )
     register_error_handlers(app)
 
+    from app.fleet.views import fleet_bp
     from app.health import health_bp
     from app.internal import internal_bp
     from app.jobs.views import jobs_bp
+    from app.observability.views import observability_bp
 
-    app.register_blueprint(health_bp)
-    app.register_blueprint(jobs_bp)
-    app.register_blueprint(internal_bp)
-    try:
-        from app.fleet.views import fleet_bp
-    except ImportError:  # the fleet views are optional until the fleet package lands
-        logging.getLogger(__name__).debug("fleet views not available")
-    else:
-        app.register_blueprint(fleet_bp)
+    for blueprint in (health_bp, jobs_bp, internal_bp, fleet_bp, observability_bp):
+        app.register_blueprint(blueprint)
     return app

@@ -1,4 +1,4 @@
-"""What a new worker is told at boot: its runtime profile, where the control plane is, its credential.
+"""What a new worker is told at boot: its runtime profile, the control plane URL, its credential.
 
 `worker_environment` is the single source for both providers: the `local` provider passes it to
 a subprocess, the `scaleway` provider wraps it in cloud-init user data. Nothing else secret goes

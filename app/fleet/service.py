@@ -80,7 +80,7 @@ def fleet_overview(
     settings: Settings, db: Database, client: redis.Redis, now: datetime
 ) -> dict[str, Any]:
     names = [p.name for p in settings.profiles]
-    with db.session() as s:
+    with db.reader() as s:
         learned = {r.name: r for r in s.scalars(select(ProfileState))}
         workers = list(
             s.scalars(

@@ -31,6 +31,7 @@ from app.models import (
     Worker,
     utcnow,
 )
+from app.observability import record_job_finished
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ def job_json(job: Job) -> dict[str, Any]:
 
 
 def find_idempotent(db: Database, owner: str, key: str) -> Job | None:
-    with db.session() as s:
+    with db.reader() as s:
         return s.execute(
             select(Job).where(Job.owner == owner, Job.idempotency_key == key)
         ).scalar_one_or_none()
@@ -148,7 +149,7 @@ def insert_job(
 
 
 def get_job(db: Database, job_id: str, owner: str | None = None) -> Job:
-    with db.session() as s:
+    with db.reader() as s:
         job = s.get(Job, job_id)
     if job is None or (owner is not None and job.owner != owner):
         raise ApiError(404, "job_not_found", f"no job with id {job_id}")
@@ -184,7 +185,7 @@ def try_dispatch_now(db: Database, settings: Settings, celery: Celery, job_id: s
     """Dispatch a queued job at once if some profile has a live worker (else the reconcile will)."""
     from tasks.dispatch import dispatch_job
 
-    with db.session() as s:
+    with db.reader() as s:
         profile = routable_profile(s, settings, utcnow())
     if profile is None:
         return False
@@ -203,7 +204,7 @@ def list_jobs(
             or_(Job.created_at < created, and_(Job.created_at == created, Job.id < job_id))
         )
     query = query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit)
-    with db.session() as s:
+    with db.reader() as s:
         return list(s.execute(query).scalars())
 
 
@@ -355,6 +356,7 @@ def fail_job(db: Database, job_id: str, code: str, message: str) -> bool:
 
 def announce_finished(r: redis.Redis, celery: Celery, job: Job) -> None:
     """Wake synchronous waiters and queue the webhook; neither may fail the caller."""
+    record_job_finished(r, job)  # latency histograms; never raises
     try:
         r.publish(DONE_CHANNEL + job.id, job.status)
     except redis.RedisError as exc:

@@ -1,0 +1,22 @@
+"""Observability: workers' usage reports, /metrics for Prometheus, per-worker diagnostics.
+
+The fleet calls `forget_worker` at teardown and `record_provision_attempt` after each
+provisioning attempt; the jobs domain calls `record_job_finished` once a job's final state is
+stored. The HTTP surface is `app.observability.views.observability_bp`.
+"""
+
+from __future__ import annotations
+
+from app.observability.store import (
+    PROVISION_OUTCOMES,
+    forget_worker,
+    record_job_finished,
+    record_provision_attempt,
+)
+
+__all__ = [
+    "PROVISION_OUTCOMES",
+    "forget_worker",
+    "record_job_finished",
+    "record_provision_attempt",
+]

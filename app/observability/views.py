@@ -1,0 +1,259 @@
+"""HTTP surface of observability: workers' usage reports, /metrics, per-worker diagnostics.
+
+- `POST /internal/workers/<w>/<i>/report`: a worker's usage report (instance credential).
+- `GET /metrics`: Prometheus text format (dedicated scrape token; 404 while unset).
+- `GET /v1/workers/<w>/diagnostics`: lifecycle timings, latest report, log tail (admin token).
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from flask import Blueprint, Response, jsonify, request
+from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4
+from pydantic import ValidationError
+from sqlalchemy import or_, update
+
+from app.auth import authenticate_worker, bearer_token, require_admin_token
+from app.context import Services, services
+from app.credentials import constant_time_in
+from app.errors import ApiError
+from app.models import Worker
+from app.observability import store
+from app.observability.collector import LIFECYCLE_PHASES, render_metrics
+from app.observability.redaction import clean_log_line
+from app.observability.schema import UsageReport
+
+observability_bp = Blueprint("observability", __name__)
+
+# A report is ~2 KB with one GPU; 50 log lines of at most 512 characters add ~30 KB.
+MAX_REPORT_BYTES = 64 * 1024
+_READ_CHUNK = 16 * 1024
+# ApiError codes of authenticate_worker -> rejection reason.
+_AUTH_REASONS = {
+    "unauthorized": "unauthorized",
+    "unknown_worker": "unknown_worker",
+    "worker_retired": "worker_retired",
+}
+
+
+def _reject(svc: Services, reason: str, error: ApiError) -> ApiError:
+    store.count_rejection(svc.redis, reason)
+    return error
+
+
+def _too_large(svc: Services) -> ApiError:
+    return _reject(
+        svc,
+        "payload_too_large",
+        ApiError(
+            413,
+            "payload_too_large",
+            f"a usage report is at most {MAX_REPORT_BYTES} bytes",
+        ),
+    )
+
+
+def _read_bounded(svc: Services) -> bytes:
+    """The body, refusing it as soon as it passes the cap (chunked bodies have no length)."""
+    chunks: list[bytes] = []
+    received = 0
+    stream = request.stream
+    while True:
+        chunk = stream.read(min(_READ_CHUNK, MAX_REPORT_BYTES + 1 - received))
+        if not chunk:
+            return b"".join(chunks)
+        received += len(chunk)
+        if received > MAX_REPORT_BYTES:
+            raise _too_large(svc)
+        chunks.append(chunk)
+
+
+def _parse(svc: Services, raw: bytes) -> UsageReport:
+    try:
+        return UsageReport.model_validate_json(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        # `loc` and `msg` only: pydantic's full text quotes the input.
+        where = ".".join(str(part) for part in first["loc"])[:100] or "body"
+        message = "unknown field" if first["type"] == "extra_forbidden" else first["msg"]
+        raise _reject(
+            svc,
+            "invalid_body",
+            ApiError(400, "invalid_report", f"{where}: {message}"),
+        ) from None
+
+
+def _touch_last_seen(svc: Services, worker: Worker, now: datetime) -> None:
+    """Record the heartbeat the fleet's dead-worker rule reads.
+
+    Written at most every half interval per worker: reports arrive once per interval, so
+    every normal report still writes, while a burst cannot turn into a write per request.
+    """
+    seen = worker.last_seen_at
+    if seen is not None and seen.tzinfo is None:
+        seen = seen.replace(tzinfo=UTC)
+    half = timedelta(seconds=svc.settings.observability.report_interval_seconds / 2)
+    if seen is not None and now - seen < half:
+        return
+    with svc.db.session() as s:
+        s.execute(
+            update(Worker)
+            .where(
+                Worker.id == worker.id,
+                or_(Worker.last_seen_at.is_(None), Worker.last_seen_at < now),
+            )
+            .values(last_seen_at=now)
+        )
+
+
+@observability_bp.post("/internal/workers/<worker_id>/<instance_id>/report")
+def report(worker_id: str, instance_id: str) -> Response:
+    svc = services()
+    if not svc.settings.observability.enabled:
+        raise _reject(
+            svc,
+            "reporting_disabled",
+            ApiError(
+                404,
+                "reporting_disabled",
+                "usage reporting is disabled on this control plane (observability.enabled)",
+            ),
+        )
+    # Before anything is read: a declared length over the cap is refused unread.
+    if request.content_length is not None and request.content_length > MAX_REPORT_BYTES:
+        raise _too_large(svc)
+    try:
+        worker = authenticate_worker(worker_id, instance_id)
+    except ApiError as err:
+        reason = _AUTH_REASONS.get(err.code, "unauthorized")
+        if reason == "worker_retired":
+            # Its series must not outlive it; its log tail stays for diagnosis (24 h).
+            store.forget_worker(svc.redis, worker_id, keep_log=True)
+        raise _reject(svc, reason, err) from None
+    usage = _parse(svc, _read_bounded(svc))
+    # The worker redacted its lines already; this is the control plane's own pass.
+    presented = bearer_token() or ""
+    lines = [(line.number, clean_log_line(line.text, (presented,))) for line in usage.log]
+    now = time.time()
+    accepted = store.store_report(
+        svc.redis,
+        worker.id,
+        usage,
+        lines,
+        received_at=now,
+        interval_seconds=svc.settings.observability.report_interval_seconds,
+    )
+    if not accepted:  # counted as stale_sequence by the store, atomically
+        raise ApiError(
+            409,
+            "stale_report",
+            f"report {usage.sequence} is not newer than the one already stored",
+        )
+    _touch_last_seen(svc, worker, datetime.fromtimestamp(now, UTC))
+    return jsonify({"accepted": True, "sequence": usage.sequence})
+
+
+@observability_bp.get("/metrics")
+def metrics() -> Response:
+    svc = services()
+    expected = svc.settings.reveal("scrape_token")
+    if not expected:
+        raise ApiError(
+            404, "metrics_disabled", "/metrics is disabled: MURMUR_SCRAPE_TOKEN is not set"
+        )
+    token = bearer_token()
+    if token is None or constant_time_in(token, [expected]) is None:
+        raise ApiError(
+            401,
+            "unauthorized",
+            "missing or invalid scrape token",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    body = render_metrics(svc.settings, svc.db, svc.redis)
+    response = Response(body, mimetype=None, content_type=CONTENT_TYPE_PLAIN_0_0_4)
+    response.headers["Cache-Control"] = "no-store"
+    return response
+
+
+def _iso(moment: datetime | None) -> str | None:
+    if moment is None:
+        return None
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).isoformat()
+
+
+def _lifecycle(worker: Worker) -> dict[str, Any]:
+    stamps = {
+        "requested_at": worker.requested_at,
+        "created_at": worker.created_at,
+        "booted_at": worker.booted_at,
+        "ready_at": worker.ready_at,
+        "first_job_at": worker.first_job_at,
+        "idle_since": worker.idle_since,
+        "last_seen_at": worker.last_seen_at,
+        "delete_requested_at": worker.delete_requested_at,
+        "deleted_at": worker.deleted_at,
+    }
+    phases: dict[str, float | None] = {}
+    for phase in LIFECYCLE_PHASES:
+        start = getattr(worker, phase.start.key)
+        end = getattr(worker, phase.end.key)
+        name = phase.metric.removeprefix("murmur_worker_")
+        phases[name] = (
+            round((_aware(end) - _aware(start)).total_seconds(), 3)
+            if start is not None and end is not None
+            else None
+        )
+    return {"timestamps": {k: _iso(v) for k, v in stamps.items()}, "phases": phases}
+
+
+def _aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+@observability_bp.get("/v1/workers/<worker_id>/diagnostics")
+@require_admin_token
+def diagnostics(worker_id: str) -> Response:
+    svc = services()
+    with svc.db.reader() as s:
+        worker = s.get(Worker, worker_id)
+    if worker is None:
+        raise ApiError(404, "worker_not_found", f"no worker {worker_id!r}")
+    snapshot = store.read_snapshot(svc.redis, worker_id)
+    last_report = store.read_last_report(svc.redis, worker_id)
+    now = time.time()
+    return jsonify(
+        {
+            "worker": {
+                "id": worker.id,
+                "profile": worker.profile,
+                "provider": worker.provider,
+                "instance_id": worker.instance_id,
+                "state": worker.state,
+                "hourly_cost_eur": worker.hourly_cost_eur,
+                "jobs_done": worker.jobs_done,
+                "error": worker.error,
+                "delete_reason": worker.delete_reason,
+            },
+            "lifecycle": _lifecycle(worker),
+            "report": {
+                "last_received_at": (
+                    datetime.fromtimestamp(last_report, UTC).isoformat()
+                    if last_report is not None
+                    else None
+                ),
+                "age_seconds": round(now - last_report, 3) if last_report is not None else None,
+                # None once the snapshot expired (3 intervals without an accepted report).
+                "latest": snapshot.report if snapshot is not None else None,
+            },
+            "log": {
+                "lines": store.read_log(svc.redis, worker_id),
+                "retention": (
+                    f"last {store.LOG_LINES_KEPT} lines, "
+                    f"{store.LOG_RETENTION_SECONDS // 3600} h after the last line"
+                ),
+            },
+        }
+    )

@@ -1,0 +1,420 @@
+"""Usage-report ingestion and /metrics render time, through gunicorn, against baselines.
+
+1. Reports accepted per second: client processes with keep-alive connections post valid
+   reports (each a new sequence number) for WORKERS live workers to
+   POST /internal/workers/<w>/<i>/report. Baseline, same gunicorn settings and clients: a bare
+   Flask endpoint that stores the body in Redis. Two Murmur variants:
+   - "heartbeat on every report": the production path. A worker reports once per interval,
+     so every report also writes workers.last_seen_at (one UPDATE).
+   - "heartbeat throttled": the benchmark's workers report many times a second, so the
+     heartbeat column is written at most every half interval per worker; this isolates the
+     rest of the path (authentication read, validation, the Redis script).
+   Target: >= 2,000 reports/s.
+2. /metrics with 1,000 live workers that all reported (and JOBS rows in the jobs table):
+   scrape latency over HTTP through gunicorn, and the render in-process. Baseline:
+   prometheus_client's generate_latest on the same collector. Target: <= 100 ms.
+
+Run: .venv/bin/python bench/ingest.py [--database-url URL] [--jobs N]
+Redis: MURMUR_BENCH_REDIS_URL (default redis://127.0.0.1:6379/10, flushed: keep it private).
+The clients share the machine's cores with gunicorn; the figures say so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import multiprocessing
+import os
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import redis as redis_lib
+from _stack import ROOT, bench_env, free_port, gunicorn, percentile, temp_dir
+
+WORKERS = 200
+CLIENT_PROCESSES = 2
+THREADS_PER_CLIENT = 4
+REPORTS_PER_THREAD = 600
+ROUNDS = 3
+GUNICORN_WORKERS, GUNICORN_THREADS = 2, 4
+SCRAPE_WORKERS = 1000
+SCRAPES = 30
+SCRAPE_TOKEN = "bench-scrape-token-" + "s" * 32
+REDIS_URL = os.environ.get("MURMUR_BENCH_REDIS_URL", "redis://127.0.0.1:6379/10")
+
+
+# --- the apps gunicorn serves (imported by gunicorn from this file) ---------------------------
+
+
+def observability_app() -> Any:
+    """Murmur's app, with the observability blueprint mounted if the factory does not yet."""
+    from app import create_app
+    from app.observability.views import observability_bp
+
+    app = create_app()
+    if "observability" not in app.blueprints:
+        app.register_blueprint(observability_bp)
+    return app
+
+
+def baseline_app() -> Any:
+    """The floor: accept the POST and keep the body in Redis, nothing else."""
+    from flask import Flask, jsonify, request
+
+    client = redis_lib.Redis.from_url(os.environ["MURMUR_REDIS_URL"])
+    app = Flask("baseline")
+
+    @app.post("/internal/workers/<worker_id>/<instance_id>/report")
+    def report(worker_id: str, instance_id: str) -> Any:
+        client.set(f"baseline:{worker_id}", request.get_data(), px=90_000)
+        return jsonify({"accepted": True})
+
+    @app.get("/healthz")
+    def healthz() -> Any:
+        return jsonify({"status": "ok"})
+
+    return app
+
+
+# --- set-up ----------------------------------------------------------------------------------
+
+
+def report_body(sequence: int) -> bytes:
+    reading = lambda v: {"value": v, "reason": None}  # noqa: E731
+    return json.dumps(
+        {
+            "version": 1,
+            "process_started_at": 1_764_000_000.5,
+            "sequence": sequence,
+            "state": "busy",
+            "uptime_seconds": 1200.0,
+            "model_load_seconds": 3.2,
+            "transcriptions": {"succeeded": 40, "failed": 1},
+            "processing_seconds": 600.0,
+            "audio_seconds": 7200.0,
+            "host": {
+                "cpu_utilization_ratio": reading(0.35),
+                "memory_used_bytes": reading(6.0e9),
+                "memory_total_bytes": reading(3.2e10),
+            },
+            "gpu": {
+                "devices": [
+                    {
+                        "index": 0,
+                        "utilization_ratio": reading(0.8),
+                        "memory_used_bytes": reading(1.2e10),
+                        "memory_total_bytes": reading(2.4e10),
+                        "temperature_celsius": reading(66.0),
+                        "power_watts": reading(61.5),
+                    }
+                ],
+                "reason": None,
+            },
+            "log": [
+                {"number": sequence * 2 - 1, "text": "INFO gpu_worker.jobs: job job_1: 9.1 s"},
+                {"number": sequence * 2, "text": "INFO celery: Task succeeded in 9.2s"},
+            ],
+        },
+        separators=(",", ":"),
+    ).encode()
+
+
+def write_config(tmp: Path, interval: float) -> Path:
+    path = tmp / f"murmur-{interval}.toml"
+    path.write_text(
+        f"[observability]\nenabled = true\nreport_interval_seconds = {interval}\n\n"
+        '[[profiles]]\nname = "local-cpu"\nprovider = "local"\nzone = "local"\n'
+        'server_type = "local-cpu"\n'
+    )
+    return path
+
+
+def add_workers(database_url: str, count: int) -> list[tuple[str, str, str]]:
+    """`count` READY workers; (worker id, instance id, credential) for each."""
+    from app.credentials import InstanceCredential
+    from app.db import Database
+    from app.models import Worker, WorkerState, utcnow
+
+    key = bench_env(Path("."), 0)["MURMUR_SIGNING_KEY"]
+    db = Database(database_url)
+    rows = []
+    with db.session() as s:
+        for i in range(count):
+            now = utcnow()
+            worker = Worker(
+                profile="local-cpu",
+                provider="local",
+                instance_id=f"bench-{i:05d}",
+                state=WorkerState.READY.value,
+                requested_at=now,
+                created_at=now,
+                booted_at=now,
+                ready_at=now,
+            )
+            s.add(worker)
+            rows.append(worker)
+    db.dispose()
+    return [
+        (w.id, w.instance_id or "", InstanceCredential.derive(key, w.id, w.instance_id or "").token)
+        for w in rows
+    ]
+
+
+def add_jobs(database_url: str, count: int) -> None:
+    from app.db import Database
+    from app.models import Job, utcnow
+
+    db = Database(database_url)
+    statuses = ["succeeded"] * 8 + ["failed", "queued"]
+    with db.session() as s:
+        s.add_all(
+            Job(
+                status=statuses[i % len(statuses)],
+                profile="local-cpu",
+                owner="o" * 64,
+                source="upload",
+                created_at=utcnow(),
+            )
+            for i in range(count)
+        )
+    db.dispose()
+
+
+# --- load ------------------------------------------------------------------------------------
+
+
+def _client_process(
+    port: int,
+    workers: list[tuple[str, str, str]],
+    first_sequence: int,
+    start: Any,
+    out: Any,
+) -> None:
+    """THREADS_PER_CLIENT keep-alive connections, each reporting for its share of workers."""
+    share = [workers[i::THREADS_PER_CLIENT] for i in range(THREADS_PER_CLIENT)]
+    counts: list[dict[int, int]] = [{} for _ in share]
+
+    def run(index: int) -> None:
+        mine = share[index]
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        sequence = first_sequence
+        tally = counts[index]
+        start.wait()
+        for n in range(REPORTS_PER_THREAD):
+            worker_id, instance_id, token = mine[n % len(mine)]
+            if n % len(mine) == 0:
+                sequence += 1
+            conn.request(
+                "POST",
+                f"/internal/workers/{worker_id}/{instance_id}/report",
+                body=report_body(sequence),
+                headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+            )
+            response = conn.getresponse()
+            response.read()
+            tally[response.status] = tally.get(response.status, 0) + 1
+        conn.close()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(THREADS_PER_CLIENT)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    total: dict[int, int] = {}
+    for tally in counts:
+        for status, n in tally.items():
+            total[status] = total.get(status, 0) + n
+    out.put(total)
+
+
+def load(port: int, workers: list[tuple[str, str, str]], first_sequence: int) -> float:
+    """Accepted (200) reports per second from all client processes."""
+    ctx = multiprocessing.get_context("fork")
+    start, out = ctx.Event(), ctx.Queue()
+    shares = [workers[i::CLIENT_PROCESSES] for i in range(CLIENT_PROCESSES)]
+    procs = [
+        ctx.Process(target=_client_process, args=(port, share, first_sequence, start, out))
+        for share in shares
+    ]
+    for p in procs:
+        p.start()
+    time.sleep(0.5)  # connections made, threads waiting
+    started = time.perf_counter()
+    start.set()
+    totals: dict[int, int] = {}
+    for _ in procs:
+        for status, n in out.get(timeout=600).items():
+            totals[status] = totals.get(status, 0) + n
+    elapsed = time.perf_counter() - started
+    for p in procs:
+        p.join()
+    expected = CLIENT_PROCESSES * THREADS_PER_CLIENT * REPORTS_PER_THREAD
+    if totals.get(200, 0) != expected:
+        raise RuntimeError(f"not every report was accepted: {totals}")
+    return expected / elapsed
+
+
+def scrape_times(port: int) -> list[float]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    times = []
+    for _ in range(SCRAPES + 1):
+        started = time.perf_counter()
+        conn.request("GET", "/metrics", headers={"Authorization": f"Bearer {SCRAPE_TOKEN}"})
+        response = conn.getresponse()
+        body = response.read()
+        times.append(time.perf_counter() - started)
+        if response.status != 200 or b"murmur_gpu_power_watts" not in body:
+            raise RuntimeError(f"bad scrape: {response.status}")
+    conn.close()
+    return times[1:]  # the first warms the process's connections
+
+
+def in_process_render(env: dict[str, str]) -> tuple[list[float], list[float], int]:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from app.config import load_settings
+    from app.db import Database
+    from app.observability.collector import MurmurCollector, render_metrics
+
+    settings = load_settings(env=env)
+    db = Database(settings.database_url)
+    client = redis_lib.Redis.from_url(settings.redis_url)
+    ours, library = [], []
+    size = 0
+    for _ in range(SCRAPES):
+        started = time.perf_counter()
+        size = len(render_metrics(settings, db, client))
+        ours.append(time.perf_counter() - started)
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(MurmurCollector(settings, db, client))
+        started = time.perf_counter()
+        generate_latest(registry)
+        library.append(time.perf_counter() - started)
+    db.dispose()
+    return ours, library, size
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--database-url", help="default: a fresh SQLite file")
+    parser.add_argument("--jobs", type=int, default=10_000, help="rows in the jobs table")
+    args = parser.parse_args()
+    sys.path.insert(0, str(ROOT))
+    from app.migrate import upgrade
+
+    tmp = temp_dir()
+    database_url = args.database_url or f"sqlite:///{tmp}/bench.db"
+    upgrade(database_url)
+    broker = redis_lib.Redis.from_url(REDIS_URL)
+    broker.flushdb()
+
+    def env_for(port: int, interval: float) -> dict[str, str]:
+        return {
+            **bench_env(tmp, port),
+            "MURMUR_DATABASE_URL": database_url,
+            "MURMUR_REDIS_URL": REDIS_URL,
+            "MURMUR_CONFIG": str(write_config(tmp, interval)),
+            "MURMUR_SCRAPE_TOKEN": SCRAPE_TOKEN,
+            "PYTHONPATH": f"{Path(__file__).parent}{os.pathsep}{ROOT}",
+        }
+
+    workers = add_workers(database_url, WORKERS)
+    ports = {name: free_port() for name in ("baseline", "steady", "every")}
+    servers = {
+        "baseline": gunicorn(
+            "ingest:baseline_app()",
+            env_for(ports["baseline"], 30.0),
+            ports["baseline"],
+            GUNICORN_WORKERS,
+            GUNICORN_THREADS,
+        ),
+        "steady": gunicorn(
+            "ingest:observability_app()",
+            env_for(ports["steady"], 30.0),
+            ports["steady"],
+            GUNICORN_WORKERS,
+            GUNICORN_THREADS,
+        ),
+        # A 1 ms interval makes every report old enough to write the heartbeat column.
+        "every": gunicorn(
+            "ingest:observability_app()",
+            env_for(ports["every"], 0.001),
+            ports["every"],
+            GUNICORN_WORKERS,
+            GUNICORN_THREADS,
+        ),
+    }
+    rates: dict[str, list[float]] = {name: [] for name in servers}
+    try:
+        sequence = 0
+        for _ in range(ROUNDS):  # alternate, so load from elsewhere hits all alike
+            for name in ("baseline", "steady", "every"):
+                rates[name].append(load(ports[name], workers, sequence))
+                # Every round uses new sequence numbers: no report is a stale repeat.
+                sequence += REPORTS_PER_THREAD * THREADS_PER_CLIENT * CLIENT_PROCESSES
+        # /metrics: 1,000 live workers that all reported, and a jobs table.
+        scrape_workers = workers + add_workers(database_url, SCRAPE_WORKERS - WORKERS)
+        add_jobs(database_url, args.jobs)
+        from app.observability.schema import UsageReport
+        from app.observability.store import store_report
+
+        report = UsageReport.model_validate_json(report_body(1))
+        for worker_id, _, _ in scrape_workers:
+            store_report(
+                broker, worker_id, report, [], received_at=time.time(), interval_seconds=3600
+            )
+        http_times = scrape_times(ports["steady"])
+        render, library, size = in_process_render(env_for(ports["steady"], 30.0))
+    finally:
+        for server in servers.values():
+            server.terminate()
+        for server in servers.values():
+            server.wait(30)
+        broker.flushdb()
+
+    def ms(values: list[float]) -> str:
+        return (
+            f"median {statistics.median(values) * 1000:6.1f} ms, "
+            f"p95 {percentile(values, 95) * 1000:6.1f} ms, min {min(values) * 1000:6.1f} ms"
+        )
+
+    base = statistics.median(rates["baseline"])
+    steady = statistics.median(rates["steady"])
+    every = statistics.median(rates["every"])
+    requests_per_round = CLIENT_PROCESSES * THREADS_PER_CLIENT * REPORTS_PER_THREAD
+    print(
+        f"machine: {os.cpu_count()} cores shared by gunicorn ({GUNICORN_WORKERS} workers x "
+        f"{GUNICORN_THREADS} threads, gthread) and {CLIENT_PROCESSES} client processes x "
+        f"{THREADS_PER_CLIENT} keep-alive connections; load average now "
+        f"{os.getloadavg()[0]:.2f}"
+    )
+    print(
+        f"database: {database_url.split(':', 1)[0]}, {len(workers)} reporting workers, "
+        f"{requests_per_round} reports x {ROUNDS} rounds"
+    )
+    for label, name, rate in (
+        ("baseline (body -> Redis SET)", "baseline", base),
+        ("murmur, heartbeat on every report", "every", every),
+        ("murmur, heartbeat throttled", "steady", steady),
+    ):
+        print(f"{label:38} {rate:7.0f} reports/s  rounds {[round(r) for r in rates[name]]}")
+    print(f"ratio murmur/baseline: every report {every / base:.2f}, throttled {steady / base:.2f}")
+    verdict = lambda rate: "met" if rate >= 2000 else "NOT met"  # noqa: E731
+    print(f"target >= 2000 reports/s: every report {verdict(every)}, throttled {verdict(steady)}")
+    print(f"/metrics with {SCRAPE_WORKERS} live workers, {args.jobs} jobs, {size} bytes:")
+    print(f"  over HTTP (gunicorn):         {ms(http_times)}")
+    print(f"  in process, our encoder:      {ms(render)}")
+    print(f"  in process, generate_latest:  {ms(library)}")
+    met = "met" if statistics.median(http_times) <= 0.1 else "NOT met"
+    ratio = statistics.median(render) / statistics.median(library)
+    print(f"  ratio ours/library: {ratio:.2f}; target <= 100 ms over HTTP: {met}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
