@@ -162,20 +162,15 @@ def routable_profile(session: Session, settings: Settings, now: datetime) -> str
     Submissions use it to dispatch at once when a worker is warm; everything else waits for the
     reconcile, which provisions workers and re-routes.
     """
-    live = {
-        row[0]
-        for row in session.execute(
-            select(Worker.profile).where(Worker.state.in_(LIVE_WORKER_STATES)).distinct()
-        )
-    }
-    backoff = {
-        row.name: _as_utc(row.backoff_until)
-        for row in session.execute(select(ProfileState)).scalars()
-    }
+    backed_off = select(ProfileState.name).where(ProfileState.backoff_until > now)
+    live = set(
+        session.execute(
+            select(Worker.profile)
+            .where(Worker.state.in_(LIVE_WORKER_STATES), Worker.profile.not_in(backed_off))
+            .distinct()
+        ).scalars()
+    )
     for profile in settings.enabled_profiles:
-        until = backoff.get(profile.name)
-        if until is not None and until > now:
-            continue
         if profile.name in live:
             return profile.name
     return None

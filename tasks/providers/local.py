@@ -38,6 +38,10 @@ DEFAULT_COMMAND = (sys.executable, "-m", "gpu_worker", "run")
 _INHERITED_WORKER_VARS = frozenset({"MURMUR_CPU_THREADS", "MURMUR_DRAIN_TIMEOUT"})
 
 
+LOCAL_TERM_GRACE_SECONDS = 30.0
+LOCAL_DRAIN_TIMEOUT_SECONDS = 20.0
+
+
 def out_of_stock_from_env(env: Mapping[str, str]) -> frozenset[str]:
     return frozenset(p.strip() for p in env.get(OUT_OF_STOCK_ENV, "").split(",") if p.strip())
 
@@ -50,6 +54,9 @@ def child_environment(parent: Mapping[str, str], worker: Mapping[str, str]) -> d
         if not (k.startswith("SCW_") or k.startswith("MURMUR_")) or k in _INHERITED_WORKER_VARS
     }
     env.update(worker)
+    # A draining worker must finish (or hand back) its job before the SIGKILL that follows
+    # SIGTERM after the provider's grace period, or the job waits out the visibility timeout.
+    env.setdefault("MURMUR_DRAIN_TIMEOUT", str(LOCAL_DRAIN_TIMEOUT_SECONDS))
     return env
 
 
@@ -63,7 +70,7 @@ class LocalProvider:
         state_dir: str | os.PathLike[str] | None = None,
         command: Sequence[str] = DEFAULT_COMMAND,
         out_of_stock: frozenset[str] | None = None,
-        term_grace: float = 30.0,
+        term_grace: float = LOCAL_TERM_GRACE_SECONDS,
         teardown_wait: float = 5.0,
     ) -> None:
         self._dir = Path(state_dir or os.environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR)

@@ -1,0 +1,85 @@
+"""The worker-side Celery app: reliability settings and the `murmur.transcribe` task.
+
+The worker consumes only its profile's queue `transcribe.<profile>` with the solo pool (the
+model lives in this process), one job at a time, acknowledging a message only after the job
+returns. It keeps no results: the job's record of truth is the control plane's database.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from celery import Celery
+from celery.exceptions import Reject
+
+from gpu_worker.client import ControlPlaneUnavailable
+from gpu_worker.jobs import DrainDeadlineExceeded, Outcome
+
+TRANSCRIBE_TASK = "murmur.transcribe"
+
+# Must equal the control plane's (tasks/celery_app.py): on one Redis the shortest visibility
+# timeout wins, and a job running longer than it is delivered a second time.
+VISIBILITY_TIMEOUT_SECONDS = 4 * 3600
+
+# A claim or result call that found the control plane down is retried as a whole task,
+# with back-off well below the visibility timeout (long ETAs are redelivered over and over).
+MAX_RETRIES = 5
+RETRY_BACKOFF_MAX_SECONDS = 60
+
+
+def celery_config(broker_url: str, queue: str) -> dict[str, Any]:
+    return {
+        "broker_url": broker_url,
+        "broker_connection_retry_on_startup": True,
+        "broker_transport_options": {"visibility_timeout": VISIBILITY_TIMEOUT_SECONDS},
+        "visibility_timeout": VISIBILITY_TIMEOUT_SECONDS,
+        "result_backend": None,
+        "task_ignore_result": True,
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "worker_concurrency": 1,
+        "worker_pool": "solo",
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
+        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        # Declared by name: Celery creates the queue (a Redis list) on first use.
+        "task_queues": {queue: {}},
+        "task_default_queue": queue,
+        "task_routes": {TRANSCRIBE_TASK: {"queue": queue}},
+        "accept_content": ["json"],
+        "task_serializer": "json",
+        "timezone": "UTC",
+    }
+
+
+def make_celery(broker_url: str, queue: str, run_job: Callable[[str], Outcome]) -> Celery:
+    """A Celery app whose `murmur.transcribe` task calls `run_job(job_id)`."""
+    app = Celery("murmur-worker", set_as_current=False)
+    app.conf.update(celery_config(broker_url, queue))
+
+    def transcribe(job_id: str) -> str:
+        try:
+            return run_job(job_id).value
+        except DrainDeadlineExceeded:
+            # The worker is shutting down and the job did not finish in time: put the
+            # message back on the queue at once (not after the visibility timeout).
+            raise Reject(
+                "drain deadline reached; job handed back to the queue", requeue=True
+            ) from None
+
+    # Registered with a call, not a decorator: the task function stays typed for mypy.
+    app.task(
+        name=TRANSCRIBE_TASK,
+        # Not shared: a shared task is added to every Celery app created later in the process.
+        shared=False,
+        acks_late=True,
+        reject_on_worker_lost=True,
+        autoretry_for=(ControlPlaneUnavailable,),
+        max_retries=MAX_RETRIES,
+        retry_backoff=True,
+        retry_backoff_max=RETRY_BACKOFF_MAX_SECONDS,
+        retry_jitter=True,
+    )(transcribe)
+    return app

@@ -1,0 +1,160 @@
+"""One transcription job, start to finish: claim, download, decode, transcribe, report.
+
+Safe to run twice for the same id (acks_late redelivery, a retried task): the claim is the
+state check, a job that is no longer claimable is acknowledged and left alone, and the
+control plane stores a result only once.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import IO, Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+from faster_whisper import decode_audio
+
+from gpu_worker.client import AudioDownloadError, AudioTooLarge, ClaimedJob, ControlPlaneError
+from gpu_worker.state import JobEnd, WorkerState
+from gpu_worker.transcriber import SAMPLE_RATE, Transcriber, UnsupportedLanguage
+from gpu_worker.transcript import Transcript
+
+log = logging.getLogger(__name__)
+
+
+class Outcome(enum.StrEnum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"  # a failure was reported to the control plane
+    NOT_CLAIMABLE = "not_claimable"  # 409 on claim: someone else's, or already finished
+
+
+class DrainDeadlineExceeded(BaseException):
+    """Raised into a running job when a SIGTERM drain runs out of time.
+
+    A BaseException so the job's own `except Exception` handlers cannot turn it into a
+    reported failure: the job is not at fault and goes back to the queue instead.
+    """
+
+
+class JobFailure(Exception):
+    """A job-level error with the code the control plane records."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class ControlPlane(Protocol):
+    """The calls a job makes; ControlPlaneClient in production, a fake in tests."""
+
+    def claim(self, job_id: str) -> ClaimedJob | None: ...
+
+    def download_audio(self, audio_url: str) -> IO[bytes]: ...
+
+    def post_result(
+        self, job_id: str, transcript: Mapping[str, Any], processing_seconds: float
+    ) -> bool: ...
+
+    def post_failure(self, job_id: str, code: str, message: str) -> bool: ...
+
+
+@dataclass(frozen=True)
+class JobContext:
+    """What every job in this process shares: built once at start-up."""
+
+    client: ControlPlane
+    transcriber: Transcriber
+    state: WorkerState
+
+
+def process_job(job_id: str, context: JobContext) -> Outcome:
+    """Run job `job_id`; control-plane errors propagate (the task decides to retry)."""
+    claim = context.client.claim(job_id)
+    if claim is None:
+        log.info("job %s is not claimable: acknowledged, nothing to do", job_id)
+        return Outcome.NOT_CLAIMABLE
+
+    state = context.state
+    state.job_started(job_id)
+    started = time.monotonic()
+    audio_seconds = 0.0
+    end: JobEnd = "failed"
+    try:
+        try:
+            samples = _fetch_audio(context.client, claim)
+            audio_seconds = samples.shape[0] / SAMPLE_RATE
+            transcript = _transcribe(context.transcriber, samples, claim)
+        except JobFailure as failure:
+            log.warning("job %s failed: %s: %s", job_id, failure.code, failure.message)
+            context.client.post_failure(job_id, failure.code, failure.message)
+            return Outcome.FAILED
+        except ControlPlaneError:
+            raise
+        except Exception as exc:
+            # A bug of ours, not the job's: still tell the control plane, so the job does not
+            # sit in "running" until a reaper notices.
+            log.exception("job %s: unexpected error", job_id)
+            context.client.post_failure(job_id, "worker_error", f"{type(exc).__name__}: {exc}")
+            return Outcome.FAILED
+        processing = time.monotonic() - started
+        stored = context.client.post_result(job_id, transcript.to_json(), processing)
+        log.info(
+            "job %s: %.1f s of audio in %.2f s%s",
+            job_id,
+            audio_seconds,
+            processing,
+            "" if stored else " (result was already stored)",
+        )
+        end = "succeeded"
+        return Outcome.SUCCEEDED
+    except DrainDeadlineExceeded:
+        end = "requeued"
+        raise
+    finally:
+        state.job_finished(
+            end,
+            processing_seconds=time.monotonic() - started,
+            audio_seconds=audio_seconds,
+        )
+        context.transcriber.release_memory()
+
+
+def _fetch_audio(client: ControlPlane, claim: ClaimedJob) -> npt.NDArray[np.float32]:
+    try:
+        audio_file = client.download_audio(claim.audio_url)
+    except AudioTooLarge as exc:
+        raise JobFailure("audio_too_large", str(exc)) from None
+    except AudioDownloadError as exc:
+        raise JobFailure("audio_download_failed", str(exc)) from None
+    with audio_file:
+        try:
+            return decode_audio(audio_file, sampling_rate=SAMPLE_RATE)  # type: ignore[no-any-return]
+        except Exception as exc:
+            # PyAV raises its own error types (InvalidDataError, ...) for bad input.
+            raise JobFailure(
+                "audio_decode_failed", f"the audio could not be decoded: {exc}"
+            ) from None
+
+
+def _transcribe(
+    transcriber: Transcriber, samples: npt.NDArray[np.float32], claim: ClaimedJob
+) -> Transcript:
+    try:
+        return transcriber.transcribe(
+            samples,
+            language=claim.language,
+            prompt=claim.prompt,
+            word_timestamps=claim.word_timestamps,
+        )
+    except UnsupportedLanguage as exc:
+        raise JobFailure("unsupported_language", str(exc)) from None
+    except Exception as exc:
+        log.exception("transcription of job %s failed", claim.id)
+        raise JobFailure(
+            "transcription_failed", f"transcription failed: {type(exc).__name__}: {exc}"
+        ) from None

@@ -1,0 +1,155 @@
+"""The model manifest: which files each model and VAD asset is made of, and their verification.
+
+Models are loaded only from pinned local files (DESIGN §4). `verify_asset` checks every file
+of an asset by size, then sha256, before anything loads it; a missing, truncated or altered
+file stops the worker with a message naming that file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import tomllib
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+MANIFEST_PATH = Path(__file__).with_name("models.toml")
+
+
+class ManifestError(Exception):
+    """The manifest itself is unreadable or malformed."""
+
+
+class AssetNotInstalled(Exception):
+    """The package or directory that should hold an asset is absent."""
+
+
+class AssetVerificationError(Exception):
+    """A file of an asset is missing or does not match the manifest."""
+
+
+class AssetFile(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    path: str = Field(min_length=1)
+    size: int = Field(ge=0)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class Asset(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    kind: Literal["model", "vad", "alignment"]
+    description: str
+    provided_by: str
+    package: str | None = None
+    dir: str | None = None
+    subdir: str = ""
+    gpu_memory_mb: int | None = Field(default=None, ge=0)
+    files: tuple[AssetFile, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _one_root(self) -> Asset:
+        if (self.package is None) == (self.dir is None):
+            raise ValueError("give exactly one of package or dir")
+        if self.package is not None and "." in self.package:
+            # find_spec on a dotted name imports the parent package, which may import torch.
+            raise ValueError("package must be a top-level import name")
+        return self
+
+
+class Manifest(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    assets: dict[str, Asset]
+
+    def model_names(self) -> tuple[str, ...]:
+        return tuple(name for name, asset in self.assets.items() if asset.kind == "model")
+
+    def asset(self, name: str) -> Asset:
+        try:
+            return self.assets[name]
+        except KeyError:
+            raise ManifestError(f"the model manifest has no asset {name!r}") from None
+
+
+@dataclass(frozen=True)
+class VerifiedAsset:
+    """An asset whose files all matched the manifest; `root` is the directory to load from."""
+
+    name: str
+    root: Path
+    bytes_verified: int
+
+
+def load_manifest(path: Path = MANIFEST_PATH) -> Manifest:
+    if path == MANIFEST_PATH:
+        return _default_manifest()
+    return _read_manifest(path)
+
+
+@lru_cache(maxsize=1)
+def _default_manifest() -> Manifest:
+    return _read_manifest(MANIFEST_PATH)
+
+
+def _read_manifest(path: Path) -> Manifest:
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        assets = {name: {"name": name, **entry} for name, entry in raw["assets"].items()}
+        return Manifest.model_validate({"assets": assets})
+    except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError, ValidationError) as exc:
+        raise ManifestError(f"model manifest {path}: {exc}") from exc
+
+
+def locate_asset(asset: Asset) -> Path:
+    """The directory holding an asset's files; raises AssetNotInstalled if it is absent."""
+    if asset.package is not None:
+        # find_spec locates a top-level package without executing it.
+        spec = importlib.util.find_spec(asset.package)
+        locations = list(spec.submodule_search_locations or []) if spec else []
+        if not locations:
+            raise AssetNotInstalled(
+                f"{asset.name}: not installed (package {asset.package!r} is missing; "
+                f"it comes from {asset.provided_by})"
+            )
+        base = Path(locations[0])
+    else:
+        assert asset.dir is not None  # guaranteed by Asset._one_root
+        base = Path(asset.dir)
+        if not base.is_dir():
+            raise AssetNotInstalled(
+                f"{asset.name}: not installed ({base} does not exist; "
+                f"it comes from {asset.provided_by})"
+            )
+    return base / asset.subdir if asset.subdir else base
+
+
+def verify_asset(asset: Asset, root: Path | None = None) -> VerifiedAsset:
+    """Check every file of `asset` under `root` (default: where it is installed)."""
+    root = locate_asset(asset) if root is None else root
+    total = 0
+    for entry in asset.files:
+        path = root / entry.path
+        if not path.is_file():
+            raise AssetVerificationError(f"{asset.name}: {path} is missing")
+        size = path.stat().st_size
+        if size != entry.size:
+            # The size check is free and catches truncated copies without hashing.
+            raise AssetVerificationError(
+                f"{asset.name}: {path} has {size} bytes, the manifest says {entry.size}"
+            )
+        with path.open("rb") as handle:
+            digest = hashlib.file_digest(handle, "sha256").hexdigest()
+        if digest != entry.sha256:
+            raise AssetVerificationError(
+                f"{asset.name}: {path} has sha256 {digest}, the manifest says {entry.sha256} "
+                "(the file was altered or replaced)"
+            )
+        total += size
+    return VerifiedAsset(name=asset.name, root=root, bytes_verified=total)

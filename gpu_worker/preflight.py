@@ -1,0 +1,151 @@
+"""The start-up checks, in order: runtime profile, backend packages, hardware, model files.
+
+`run_preflight` is what `python -m gpu_worker check` prints and what `run` requires to pass
+before it loads anything. Its `runtime()` is the readiness body's `runtime`.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpu_worker.hardware import DeviceFacts, HardwareVerdict, check_hardware, probe_device_facts
+from gpu_worker.manifest import (
+    AssetNotInstalled,
+    AssetVerificationError,
+    Manifest,
+    VerifiedAsset,
+    load_manifest,
+    verify_asset,
+)
+from gpu_worker.runtime import RuntimeProfile, RuntimeProfileError, load_runtime_profile
+from gpu_worker.transcriber import Backend, backend_for, missing_packages, vad_asset_for
+
+ALIGNMENT_ASSET = "wav2vec2-en"
+_VERSIONED = (
+    "faster-whisper",
+    "ctranslate2",
+    "onnxruntime",
+    "whisperx",
+    "torch",
+    "pyannote.audio",
+    "silero-vad",
+)
+
+
+class PreflightError(Exception):
+    """This machine cannot run the runtime; `problems` says why, one line each."""
+
+    def __init__(self, problems: tuple[str, ...], diagnostics: dict[str, Any]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+        self.diagnostics = diagnostics
+
+
+@dataclass(frozen=True)
+class Preflight:
+    profile: RuntimeProfile
+    backend: Backend
+    model: VerifiedAsset
+    vad: VerifiedAsset
+    alignment: VerifiedAsset | None
+    hardware: HardwareVerdict
+
+    def runtime(self) -> dict[str, Any]:
+        """The readiness runtime (docs/worker-protocol.md), plus diagnostics; no secrets."""
+        return {
+            **_declared(self.profile, self.hardware),
+            "backend": self.backend,
+            "cpu_threads": self.profile.cpu_threads,
+            "assets": {
+                asset.name: {"root": str(asset.root), "bytes": asset.bytes_verified}
+                for asset in (self.model, self.vad, self.alignment)
+                if asset is not None
+            },
+        }
+
+
+def run_preflight(
+    environ: Mapping[str, str],
+    *,
+    require_identity: bool,
+    facts: DeviceFacts | None = None,
+    manifest: Manifest | None = None,
+) -> Preflight:
+    """Validate everything `run` needs; raise PreflightError listing every problem found."""
+    manifest = manifest or load_manifest()
+    try:
+        profile = load_runtime_profile(
+            environ, model_names=manifest.model_names(), require_identity=require_identity
+        )
+    except RuntimeProfileError as exc:
+        # Nothing further can be judged without a valid profile.
+        raise PreflightError(exc.problems, {}) from None
+
+    problems: list[str] = []
+    backend = backend_for(profile)
+    missing = missing_packages(profile)
+    if missing:
+        verb = "is" if len(missing) == 1 else "are"
+        problems.append(
+            f"this runtime uses {backend}, but {', '.join(missing)} {verb} not installed "
+            "(requirements/worker-gpu.txt)"
+        )
+
+    if facts is None:
+        facts = probe_device_facts(probe_torch=profile.torch_on_cuda)
+    model_asset = manifest.asset(profile.model)
+    hardware = check_hardware(profile, facts, model_gpu_memory_mb=model_asset.gpu_memory_mb)
+    problems.extend(hardware.problems)
+
+    wanted = [profile.model, vad_asset_for(profile)]
+    if profile.alignment_device != "none":
+        wanted.append(ALIGNMENT_ASSET)
+    verified: dict[str, VerifiedAsset] = {}
+    for name in wanted:
+        try:
+            verified[name] = verify_asset(manifest.asset(name))
+        except (AssetNotInstalled, AssetVerificationError) as exc:
+            problems.append(str(exc))
+
+    if problems:
+        raise PreflightError(tuple(problems), _declared(profile, hardware))
+    return Preflight(
+        profile=profile,
+        backend=backend,
+        model=verified[wanted[0]],
+        vad=verified[wanted[1]],
+        alignment=verified.get(ALIGNMENT_ASSET),
+        hardware=hardware,
+    )
+
+
+def installed_versions() -> dict[str, str]:
+    versions = {}
+    for distribution in _VERSIONED:
+        try:
+            versions[distribution.replace("-", "_").replace(".", "_")] = importlib.metadata.version(
+                distribution
+            )
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def _declared(profile: RuntimeProfile, hardware: HardwareVerdict) -> dict[str, Any]:
+    gpu = profile.device == "cuda"
+    return {
+        "profile": profile.profile,
+        "model": profile.model,
+        "device": profile.device,
+        "compute_type": profile.compute_type,
+        "vad": profile.vad,
+        "alignment_device": profile.alignment_device,
+        "batch_size": profile.batch_size,
+        "gpu_name": hardware.diagnostics.get("gpu_name") if gpu else None,
+        "cuda_capability": hardware.diagnostics.get("cuda_capability") if gpu else None,
+        "versions": installed_versions(),
+        "hardware": hardware.diagnostics,
+    }

@@ -1,0 +1,263 @@
+"""The worker's runtime profile, read from the `MURMUR_*` environment and validated fail-closed.
+
+Cloud-init (or the `local` provider) writes the environment described in
+docs/worker-protocol.md. Every value is checked here, before any model loads; a bad value
+stops the worker with one message per bad variable that names it and what it accepts.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from typing import Literal, get_args
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+Device = Literal["cpu", "cuda"]
+# The order is the protocol's, and the order of the error message.
+ComputeType = Literal["float16", "float32", "int8", "int8_float16", "int8_float32", "bfloat16"]
+VadBackend = Literal["silero", "pyannote"]
+AlignmentDevice = Literal["cuda", "cpu", "none"]
+
+DEVICES: tuple[str, ...] = get_args(Device)
+COMPUTE_TYPES: tuple[str, ...] = get_args(ComputeType)
+VAD_BACKENDS: tuple[str, ...] = get_args(VadBackend)
+ALIGNMENT_DEVICES: tuple[str, ...] = get_args(AlignmentDevice)
+
+DEFAULT_REPORT_INTERVAL_SECONDS = 30.0
+# How long a SIGTERM waits for the running job before handing it back to the queue.
+DEFAULT_DRAIN_TIMEOUT_SECONDS = 600.0
+
+_PROFILE_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")  # same rule as the control plane's
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")  # ids go into URL paths
+_TOKEN = re.compile(r"^[0-9a-f]{64}$")  # HMAC-SHA256, hex
+
+
+class RuntimeProfileError(Exception):
+    """The environment does not describe a runtime this worker may start with."""
+
+    def __init__(self, problems: Iterable[str]) -> None:
+        self.problems = tuple(problems)
+        super().__init__("\n".join(self.problems))
+
+
+class WorkerIdentity(BaseModel):
+    """Who this worker is and where it reports; needed to serve jobs, not to check a machine."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    worker_id: str
+    instance_id: str
+    token: SecretStr
+    control_url: str
+    # A Redis URL may carry a password, so it is as secret as the token.
+    broker_url: SecretStr
+
+
+class RuntimeProfile(BaseModel):
+    """How this worker transcribes, plus its identity when it serves jobs."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    profile: str | None
+    model: str
+    device: Device
+    compute_type: ComputeType
+    vad: VadBackend
+    alignment_device: AlignmentDevice
+    batch_size: int = Field(ge=1)
+    cpu_threads: int = Field(ge=0)
+    observability_enabled: bool = False
+    report_interval_seconds: float = Field(default=DEFAULT_REPORT_INTERVAL_SECONDS, gt=0)
+    drain_timeout_seconds: float = Field(default=DEFAULT_DRAIN_TIMEOUT_SECONDS, gt=0)
+    identity: WorkerIdentity | None = None
+
+    @property
+    def queue(self) -> str:
+        if self.profile is None:
+            raise RuntimeError("no MURMUR_PROFILE: this runtime does not consume a queue")
+        return f"transcribe.{self.profile}"
+
+    @property
+    def torch_on_cuda(self) -> bool:
+        """Whether PyTorch (pyannote VAD or wav2vec2 alignment) runs on the GPU."""
+        # WhisperX runs pyannote VAD on the ASR device (asr-runtime.md §1).
+        return (self.vad == "pyannote" and self.device == "cuda") or self.alignment_device == "cuda"
+
+
+def load_runtime_profile(
+    environ: Mapping[str, str], *, model_names: Iterable[str], require_identity: bool
+) -> RuntimeProfile:
+    """Read and validate the runtime; raise RuntimeProfileError listing every bad variable."""
+    reader = _EnvReader(environ)
+    models = tuple(model_names)
+    model = reader.choice("MURMUR_MODEL", models)
+    device = reader.choice("MURMUR_DEVICE", DEVICES)
+    compute_type = reader.choice("MURMUR_COMPUTE_TYPE", COMPUTE_TYPES)
+    vad = reader.choice("MURMUR_VAD", VAD_BACKENDS)
+    alignment_device = reader.choice("MURMUR_ALIGNMENT_DEVICE", ALIGNMENT_DEVICES)
+    batch_size = reader.integer("MURMUR_BATCH_SIZE", minimum=1, default=1)
+    cpu_threads = reader.integer(
+        "MURMUR_CPU_THREADS", minimum=0, default=0, hint="0 = library default"
+    )
+    observability = reader.choice("MURMUR_OBSERVABILITY_ENABLED", ("0", "1"), default="0")
+    report_interval = reader.seconds(
+        "MURMUR_REPORT_INTERVAL", default=DEFAULT_REPORT_INTERVAL_SECONDS
+    )
+    drain_timeout = reader.seconds("MURMUR_DRAIN_TIMEOUT", default=DEFAULT_DRAIN_TIMEOUT_SECONDS)
+    profile = reader.text(
+        "MURMUR_PROFILE",
+        _PROFILE_NAME.fullmatch,
+        "is not a profile name (lowercase letters, digits and '-', at most 40)",
+        required=require_identity,
+    )
+
+    identity = None
+    if require_identity:
+        identity = _read_identity(reader)
+
+    # Consistency: a GPU alignment model beside a CPU-only ASR runtime means the profile and
+    # the server it was written for disagree.
+    if alignment_device == "cuda" and device == "cpu":
+        reader.problems.append(
+            "MURMUR_ALIGNMENT_DEVICE: 'cuda' needs MURMUR_DEVICE=cuda (this runtime is cpu)"
+        )
+
+    if reader.problems:
+        raise RuntimeProfileError(reader.problems)
+    return RuntimeProfile.model_validate(
+        {
+            "profile": profile,
+            "model": model,
+            "device": device,
+            "compute_type": compute_type,
+            "vad": vad,
+            "alignment_device": alignment_device,
+            "batch_size": batch_size,
+            "cpu_threads": cpu_threads,
+            "observability_enabled": observability == "1",
+            "report_interval_seconds": report_interval,
+            "drain_timeout_seconds": drain_timeout,
+            "identity": identity,
+        }
+    )
+
+
+def _read_identity(reader: _EnvReader) -> WorkerIdentity | None:
+    worker_id = reader.text(
+        "MURMUR_WORKER_ID",
+        _ID.fullmatch,
+        "is not an id (letters, digits, '_', '.', '-', at most 128)",
+    )
+    instance_id = reader.text(
+        "MURMUR_INSTANCE_ID",
+        _ID.fullmatch,
+        "is not an id (letters, digits, '_', '.', '-', at most 128)",
+    )
+    token = reader.secret("MURMUR_WORKER_TOKEN", _TOKEN.fullmatch, "is not a 64-character hex HMAC")
+    control_url = reader.text(
+        "MURMUR_CONTROL_URL", _is_http_url, "is not an http:// or https:// URL"
+    )
+    broker_url = reader.secret(
+        "MURMUR_BROKER_URL",
+        lambda value: urlsplit(value).scheme in ("redis", "rediss"),
+        "is not a redis:// or rediss:// URL",
+    )
+    if None in (worker_id, instance_id, token, control_url, broker_url):
+        return None
+    return WorkerIdentity.model_validate(
+        {
+            "worker_id": worker_id,
+            "instance_id": instance_id,
+            "token": token,
+            # The protocol says no trailing slash; tolerate one rather than build "//internal".
+            "control_url": str(control_url).rstrip("/"),
+            "broker_url": broker_url,
+        }
+    )
+
+
+def _is_http_url(value: str) -> bool:
+    parts = urlsplit(value)
+    return parts.scheme in ("http", "https") and bool(parts.netloc)
+
+
+class _EnvReader:
+    """Reads MURMUR_* variables and collects one problem line per bad variable."""
+
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        self._environ = environ
+        self.problems: list[str] = []
+
+    def _raw(self, name: str) -> str | None:
+        # cloud-init templates write `NAME=` for an unset value: treat empty as unset.
+        value = self._environ.get(name, "").strip()
+        return value or None
+
+    def choice(self, name: str, allowed: tuple[str, ...], default: str | None = None) -> str:
+        value = self._raw(name)
+        if value is None:
+            if default is not None:
+                return default
+            self.problems.append(f"{name}: not set; one of {', '.join(allowed)}")
+            return ""
+        if value not in allowed:
+            self.problems.append(f"{name}: {value!r} is not one of {', '.join(allowed)}")
+        return value
+
+    def integer(self, name: str, *, minimum: int, default: int, hint: str = "") -> int:
+        value = self._raw(name)
+        if value is None:
+            return default
+        try:
+            number = int(value)
+        except ValueError:
+            number = minimum - 1
+        if number < minimum:
+            extra = f" ({hint})" if hint else ""
+            self.problems.append(f"{name}: {value!r} is not an integer >= {minimum}{extra}")
+            return default
+        return number
+
+    def seconds(self, name: str, *, default: float) -> float:
+        value = self._raw(name)
+        if value is None:
+            return default
+        try:
+            number = float(value)
+        except ValueError:
+            number = -1.0
+        if not number > 0 or number == float("inf"):
+            self.problems.append(f"{name}: {value!r} is not a number of seconds > 0")
+            return default
+        return number
+
+    def text(
+        self,
+        name: str,
+        valid: Callable[[str], object],
+        complaint: str,
+        *,
+        required: bool = True,
+    ) -> str | None:
+        value = self._raw(name)
+        if value is None:
+            if required:
+                self.problems.append(f"{name}: not set")
+            return None
+        if not valid(value):
+            self.problems.append(f"{name}: {value!r} {complaint}")
+            return None
+        return value
+
+    def secret(self, name: str, valid: Callable[[str], object], complaint: str) -> str | None:
+        value = self._raw(name)
+        if value is None:
+            self.problems.append(f"{name}: not set")
+            return None
+        if not valid(value):
+            # Never echo a secret, not even a malformed one.
+            self.problems.append(f"{name}: {complaint} (value not shown)")
+            return None
+        return value

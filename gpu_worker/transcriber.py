@@ -1,0 +1,484 @@
+"""One transcriber interface with two backends: faster-whisper (CPU) and WhisperX (GPU profiles).
+
+A backend is built once per process and keeps its model resident: reloading a model per job
+grows memory without bound (asr-runtime.md, "Measured here"), so a worker that must switch
+models is restarted instead.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import importlib.util
+import logging
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import numpy as np
+import numpy.typing as npt
+from faster_whisper import BatchedInferencePipeline, WhisperModel, decode_audio
+from faster_whisper.transcribe import Segment as WhisperSegment
+
+from gpu_worker.manifest import VerifiedAsset
+from gpu_worker.runtime import RuntimeProfile
+from gpu_worker.transcript import Segment, Transcript, Word, join_text, monotonic_words
+
+log = logging.getLogger(__name__)
+
+Audio = npt.NDArray[np.float32] | str | Path
+Backend = Literal["faster-whisper", "whisperx"]
+
+SAMPLE_RATE = 16000
+BEAM_SIZE = 5
+# WhisperX's own VAD defaults (asr-runtime.md §1), passed explicitly.
+VAD_ONSET = 0.5
+CHUNK_SECONDS = 30
+
+
+class UnsupportedLanguage(ValueError):
+    """The job asks for a language the loaded model cannot transcribe."""
+
+
+class Transcriber(Protocol):
+    """Turns 16 kHz mono float32 audio (or a file) into a Transcript."""
+
+    backend: Backend
+
+    def transcribe(
+        self,
+        audio: Audio,
+        *,
+        language: str | None,
+        prompt: str | None,
+        word_timestamps: bool,
+    ) -> Transcript: ...
+
+    def release_memory(self) -> None:
+        """Give back per-job memory between jobs; the model stays loaded."""
+        ...
+
+
+def backend_for(profile: RuntimeProfile) -> Backend:
+    """GPU profiles, pyannote VAD and wav2vec2 alignment need WhisperX; the rest does not."""
+    if profile.device == "cuda" or profile.vad == "pyannote" or profile.alignment_device != "none":
+        return "whisperx"
+    return "faster-whisper"
+
+
+def vad_asset_for(profile: RuntimeProfile) -> str:
+    """The manifest asset that holds the VAD model this runtime will run."""
+    if profile.vad == "pyannote":
+        return "pyannote-vad"
+    if backend_for(profile) == "whisperx":
+        return "silero-vad"
+    # The CPU worker runs faster-whisper's bundled Silero v6 ONNX (vad_filter=True).
+    return "faster-whisper-silero"
+
+
+def missing_packages(profile: RuntimeProfile) -> list[str]:
+    """Python packages the selected backend imports that are not installed."""
+    if backend_for(profile) == "faster-whisper":
+        return []
+    needed = ["whisperx", "torch"]
+    if profile.vad == "silero":
+        needed.append("silero_vad")
+    if profile.alignment_device != "none":
+        needed.append("nltk")
+    return [name for name in needed if importlib.util.find_spec(name) is None]
+
+
+def load_transcriber(
+    profile: RuntimeProfile,
+    model: VerifiedAsset,
+    *,
+    alignment: VerifiedAsset | None = None,
+) -> Transcriber:
+    if backend_for(profile) == "faster-whisper":
+        return FasterWhisperTranscriber(
+            model.root,
+            model_name=profile.model,
+            compute_type=profile.compute_type,
+            cpu_threads=profile.cpu_threads,
+            batch_size=profile.batch_size,
+        )
+    return WhisperXTranscriber(
+        model.root,
+        model_name=profile.model,
+        settings=WhisperXSettings.from_profile(profile),
+        alignment_dir=alignment.root if alignment else None,
+    )
+
+
+def _as_array(audio: Audio) -> npt.NDArray[np.float32]:
+    if isinstance(audio, np.ndarray):
+        return audio
+    return decode_audio(str(audio), sampling_rate=SAMPLE_RATE)  # type: ignore[no-any-return]
+
+
+def _empty(language: str) -> Transcript:
+    return Transcript(text="", language=language, duration=0.0, segments=[])
+
+
+def _check_language(language: str | None, multilingual: bool, model_name: str) -> str | None:
+    if multilingual:
+        return language
+    # An English-only model: answer "en" rather than run language detection on it.
+    if language not in (None, "en"):
+        raise UnsupportedLanguage(
+            f"language {language!r} is not supported by model {model_name} (English only)"
+        )
+    return "en"
+
+
+def _segments_from_faster_whisper(segments: list[WhisperSegment]) -> list[Segment]:
+    return [
+        Segment(
+            id=index,
+            start=float(seg.start),
+            end=float(seg.end),
+            text=seg.text,
+            tokens=list(seg.tokens),
+            avg_logprob=float(seg.avg_logprob),
+            no_speech_prob=float(seg.no_speech_prob),
+            compression_ratio=float(seg.compression_ratio),
+            temperature=None if seg.temperature is None else float(seg.temperature),
+            words=None
+            if seg.words is None
+            else [
+                Word(
+                    word=w.word,
+                    start=float(w.start),
+                    end=float(w.end),
+                    probability=float(w.probability),
+                )
+                for w in seg.words
+            ],
+        )
+        for index, seg in enumerate(segments)
+    ]
+
+
+class FasterWhisperTranscriber:
+    """The CPU worker's backend: faster-whisper (CTranslate2) with its bundled Silero VAD."""
+
+    backend: Backend = "faster-whisper"
+
+    def __init__(
+        self,
+        model_dir: Path,
+        *,
+        compute_type: str,
+        cpu_threads: int = 0,
+        batch_size: int = 1,
+        device: str = "cpu",
+        model_name: str | None = None,
+    ) -> None:
+        self.model_name = model_name or model_dir.name
+        self.model = WhisperModel(
+            str(model_dir),
+            device=device,
+            compute_type=compute_type,
+            cpu_threads=cpu_threads,
+            local_files_only=True,
+        )
+        # Batching trades a little accuracy for throughput (asr-runtime.md, measured); a
+        # profile opts in with MURMUR_BATCH_SIZE > 1.
+        self._batched = BatchedInferencePipeline(self.model) if batch_size > 1 else None
+        self._batch_size = batch_size
+
+    def transcribe(
+        self,
+        audio: Audio,
+        *,
+        language: str | None,
+        prompt: str | None,
+        word_timestamps: bool,
+    ) -> Transcript:
+        samples = _as_array(audio)
+        language = _check_language(language, self.model.model.is_multilingual, self.model_name)
+        if samples.size == 0:
+            return _empty(language or "en")
+        options: dict[str, Any] = {
+            "language": language,
+            "initial_prompt": prompt or None,
+            "beam_size": BEAM_SIZE,
+            "word_timestamps": word_timestamps,
+            # Silero VAD (faster-whisper's bundled ONNX) skips silence, so silence yields no
+            # segments instead of hallucinated text.
+            "vad_filter": True,
+            # Like WhisperX: conditioning on earlier text lets one bad segment poison the
+            # rest of a long file with repetition loops.
+            "condition_on_previous_text": False,
+        }
+        if self._batched is not None:
+            pieces, info = self._batched.transcribe(samples, batch_size=self._batch_size, **options)
+        else:
+            pieces, info = self.model.transcribe(samples, **options)
+        # The generator does the work; materialise it here, inside the timed call.
+        segments = _segments_from_faster_whisper(list(pieces))
+        return Transcript(
+            text=join_text(segments),
+            language=info.language,
+            duration=float(info.duration),
+            segments=segments,
+        )
+
+    def release_memory(self) -> None:
+        # Everything per job is garbage after transcribe() returns; nothing is cached.
+        return None
+
+
+@dataclass(frozen=True)
+class WhisperXSettings:
+    """What WhisperX needs from the runtime profile, resolved once."""
+
+    device: str
+    compute_type: str
+    vad: str
+    alignment_device: str
+    batch_size: int
+    cpu_threads: int
+
+    @classmethod
+    def from_profile(cls, profile: RuntimeProfile) -> WhisperXSettings:
+        return cls(
+            device=profile.device,
+            # Always explicit: WhisperX turns "default" into float16 on CUDA, which raises
+            # on a P100 (capability 6.0).
+            compute_type=profile.compute_type,
+            vad=profile.vad,
+            alignment_device=profile.alignment_device,
+            batch_size=profile.batch_size,
+            # WhisperX's own default is 4 threads; 0 keeps CTranslate2's default instead.
+            cpu_threads=profile.cpu_threads,
+        )
+
+    def load_model_kwargs(self, english_only: bool) -> dict[str, Any]:
+        """Keyword arguments for whisperx.load_model, apart from the VAD model instance."""
+        return {
+            "device": self.device,
+            "compute_type": self.compute_type,
+            "language": "en" if english_only else None,
+            "vad_method": self.vad,
+            "vad_options": {"chunk_size": CHUNK_SECONDS, "vad_onset": VAD_ONSET},
+            "local_files_only": True,
+            "threads": self.cpu_threads,
+        }
+
+
+class WhisperXTranscriber:
+    """GPU profiles: WhisperX batched inference, pinned VAD, optional wav2vec2 alignment.
+
+    It imports torch and WhisperX lazily, so the CPU worker never needs them. It has not run
+    on this project's CI (no torch there); bench/gpu_check.py exercises it on a GPU.
+    """
+
+    backend: Backend = "whisperx"
+
+    def __init__(
+        self,
+        model_dir: Path,
+        *,
+        settings: WhisperXSettings,
+        alignment_dir: Path | None,
+        model_name: str | None = None,
+    ) -> None:
+        import torch
+        import whisperx
+
+        self._torch = torch
+        self._whisperx = whisperx
+        self._settings = settings
+        self.model_name = model_name or model_dir.name
+        # Build the CTranslate2 model first (WhisperX's subclass, which adds batched
+        # generation) to learn whether it is English-only: WhisperX forces "en" only when
+        # the model *name* ends in ".en", and a directory path does not, so without this it
+        # would run language detection on every file.
+        asr_module = importlib.import_module("whisperx.asr")  # not imported by `whisperx`
+        asr_model = asr_module.WhisperModel(
+            str(model_dir),
+            device=settings.device,
+            compute_type=settings.compute_type,
+            cpu_threads=settings.cpu_threads,
+            local_files_only=True,
+        )
+        self._english_only = not asr_model.model.is_multilingual
+
+        vad_model = None
+        if settings.vad == "silero":
+            vad_model = _packaged_silero(torch, onset=VAD_ONSET, chunk_size=CHUNK_SECONDS)
+        self._pipeline = whisperx.load_model(
+            str(model_dir),
+            model=asr_model,
+            vad_model=vad_model,
+            **settings.load_model_kwargs(self._english_only),
+        )
+        self._base_options = self._pipeline.options
+
+        self._align_model: Any = None
+        self._align_metadata: Any = None
+        if settings.alignment_device != "none":
+            _require_punkt_tab()
+            self._align_model, self._align_metadata = whisperx.load_align_model(
+                language_code="en",
+                device=settings.alignment_device,
+                model_dir=str(alignment_dir) if alignment_dir else None,
+                model_cache_only=True,
+            )
+
+    def transcribe(
+        self,
+        audio: Audio,
+        *,
+        language: str | None,
+        prompt: str | None,
+        word_timestamps: bool,
+    ) -> Transcript:
+        samples = _as_array(audio)
+        language = _check_language(language, not self._english_only, self.model_name)
+        if samples.size == 0:
+            return _empty(language or "en")
+        duration = samples.shape[0] / SAMPLE_RATE
+        if word_timestamps and (self._align_model is None or language != "en"):
+            # WhisperX's batched pass has no timestamps inside a VAD chunk, and the only
+            # alignment model baked in is English (a detected language is not known yet):
+            # otherwise faster-whisper's cross-attention word timing on the same resident
+            # model is the honest fallback.
+            return self._sequential_with_words(samples, language=language, prompt=prompt)
+
+        # The prompt lives in the pipeline's options; set it per job, reset it after.
+        self._pipeline.options = replace(self._base_options, initial_prompt=prompt or None)
+        try:
+            result = self._pipeline.transcribe(
+                samples,
+                batch_size=self._settings.batch_size,
+                language=language,
+                chunk_size=CHUNK_SECONDS,
+            )
+        finally:
+            self._pipeline.options = self._base_options
+        raw_segments: list[dict[str, Any]] = list(result["segments"])
+        detected = str(result.get("language") or language or "en")
+        if word_timestamps:
+            aligned = self._whisperx.align(
+                raw_segments,
+                self._align_model,
+                self._align_metadata,
+                samples,
+                self._settings.alignment_device,
+                return_char_alignments=False,
+            )
+            raw_segments = list(aligned["segments"])
+        segments = [
+            _segment_from_whisperx(index, raw, word_timestamps)
+            for index, raw in enumerate(raw_segments)
+        ]
+        return Transcript(
+            text=join_text(segments), language=detected, duration=duration, segments=segments
+        )
+
+    def _sequential_with_words(
+        self, samples: npt.NDArray[np.float32], *, language: str | None, prompt: str | None
+    ) -> Transcript:
+        pieces, info = self._pipeline.model.transcribe(
+            samples,
+            language=language,
+            initial_prompt=prompt or None,
+            beam_size=BEAM_SIZE,
+            word_timestamps=True,
+            vad_filter=True,
+            condition_on_previous_text=False,
+        )
+        segments = _segments_from_faster_whisper(list(pieces))
+        return Transcript(
+            text=join_text(segments),
+            language=info.language,
+            duration=float(info.duration),
+            segments=segments,
+        )
+
+    def release_memory(self) -> None:
+        # PyTorch's caching allocator keeps freed VAD/alignment tensors reserved; hand them
+        # back so VRAM does not creep across jobs (m-bain/whisperX#972). CTranslate2's own
+        # cache is bounded by CT2_CUDA_ALLOCATOR=cub_caching (docker/worker.Dockerfile).
+        gc.collect()
+        if self._settings.device == "cuda" and self._torch.cuda.is_available():
+            self._torch.cuda.empty_cache()
+
+
+def _segment_from_whisperx(index: int, raw: dict[str, Any], with_words: bool) -> Segment:
+    start = float(raw["start"])
+    words: list[Word] | None = None
+    if with_words:
+        # wav2vec2 cannot place words without alignable characters (numerals, symbols):
+        # they come back without times. Give them the previous word's end so the list
+        # stays complete and monotonic.
+        floor = start
+        words = []
+        for item in raw.get("words", []):
+            word_start = float(item.get("start", floor))
+            word_end = float(item.get("end", word_start))
+            score = item.get("score")
+            words.append(
+                Word(
+                    word=str(item["word"]),
+                    start=word_start,
+                    end=word_end,
+                    probability=None if score is None else float(score),
+                )
+            )
+            floor = word_end
+        words = monotonic_words(words, start)
+    avg_logprob = raw.get("avg_logprob")
+    return Segment(
+        id=index,
+        start=start,
+        end=float(raw["end"]),
+        text=str(raw["text"]),
+        # WhisperX's batched pass returns text only: no tokens, no-speech probability or
+        # compression ratio. Beam search without fallback means temperature 0.
+        tokens=[],
+        avg_logprob=None if avg_logprob is None else float(avg_logprob),
+        no_speech_prob=None,
+        compression_ratio=None,
+        temperature=0.0,
+        words=words,
+    )
+
+
+def _packaged_silero(torch: Any, *, onset: float, chunk_size: int) -> Any:
+    """WhisperX's Silero VAD, built from the pinned silero-vad wheel instead of torch.hub.
+
+    WhisperX loads Silero with an unpinned torch.hub.load from GitHub, which fails offline;
+    the wheel ships the same JIT model (verified by the manifest).
+    """
+    threads = torch.get_num_threads()
+    silero_vad = importlib.import_module("silero_vad")  # sets torch threads to 1, process-wide
+    vads = importlib.import_module("whisperx.vads")
+
+    class PackagedSilero(vads.Silero):  # type: ignore[misc,name-defined]
+        def __init__(self) -> None:
+            # Skip Silero.__init__ (the torch.hub download); keep its __call__/merge_chunks.
+            vads.Vad.__init__(self, onset)
+            self.vad_onset = onset
+            self.chunk_size = chunk_size
+            self.vad_pipeline = silero_vad.load_silero_vad(onnx=False)
+            self.get_speech_timestamps = silero_vad.get_speech_timestamps
+
+    vad = PackagedSilero()
+    torch.set_num_threads(threads)
+    return vad
+
+
+def _require_punkt_tab() -> None:
+    # whisperx.align() loads NLTK's punkt_tab on every call and downloads it when missing;
+    # offline that surfaces as a bare LookupError mid-job (m-bain/whisperX#1450).
+    nltk = importlib.import_module("nltk")
+    try:
+        nltk.data.find("tokenizers/punkt_tab/english/")
+    except LookupError:
+        raise RuntimeError(
+            "NLTK punkt_tab is not installed (alignment needs it): bake it into the image "
+            "and point NLTK_DATA at it"
+        ) from None
