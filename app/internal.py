@@ -10,6 +10,7 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify, request, send_file
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from sqlalchemy import update
 
 from app.auth import authenticate_worker
 from app.context import services
@@ -108,7 +109,10 @@ def worker_ready(worker_id: str, instance_id: str) -> Response:
 def claim(worker_id: str, instance_id: str, job_id: str) -> Response:
     worker = authenticate_worker(worker_id, instance_id)
     svc = services()
-    job = service.claim_job(svc.db, job_id, worker, svc.settings.fleet.max_attempts)
+    claim = service.claim_job(svc.db, job_id, worker, svc.settings.fleet.max_attempts)
+    if claim.failed is not None:
+        service.announce_finished(svc.redis, svc.celery, service.get_job(svc.db, job_id))
+    job = claim.job
     if job is None:
         raise ApiError(409, "job_not_claimable", f"job {job_id} is not waiting for this worker")
     query = sign_audio_url(
@@ -127,6 +131,22 @@ def claim(worker_id: str, instance_id: str, job_id: str) -> Response:
             }
         }
     )
+
+
+@internal_bp.post("/workers/<worker_id>/<instance_id>/jobs/<job_id>/release")
+def release(worker_id: str, instance_id: str, job_id: str) -> Response:
+    """A draining worker gives a job back before it stops; the next worker may claim it."""
+    worker = authenticate_worker(worker_id, instance_id)
+    return jsonify({"released": service.release_job(services().db, job_id, worker.id)})
+
+
+@internal_bp.post("/workers/<worker_id>/<instance_id>/heartbeat")
+def heartbeat(worker_id: str, instance_id: str) -> Response:
+    """Liveness without usage reports: the fleet deletes workers silent for 3 intervals."""
+    worker = authenticate_worker(worker_id, instance_id)
+    with services().db.session() as s:
+        s.execute(update(Worker).where(Worker.id == worker.id).values(last_seen_at=utcnow()))
+    return jsonify({"ok": True})
 
 
 @internal_bp.get("/audio/<job_id>")

@@ -7,14 +7,20 @@ returns. It keeps no results: the job's record of truth is the control plane's d
 
 from __future__ import annotations
 
+import logging
+import os
+import random
+import signal
 from collections.abc import Callable
 from typing import Any
 
-from celery import Celery
+from celery import Celery, Task
 from celery.exceptions import Reject
 
-from gpu_worker.client import ControlPlaneUnavailable
+from gpu_worker.client import ControlPlaneError, ControlPlaneUnavailable
 from gpu_worker.jobs import DrainDeadlineExceeded, Outcome
+
+log = logging.getLogger(__name__)
 
 TRANSCRIBE_TASK = "murmur.transcribe"
 
@@ -54,12 +60,27 @@ def celery_config(broker_url: str, queue: str) -> dict[str, Any]:
     }
 
 
-def make_celery(broker_url: str, queue: str, run_job: Callable[[str], Outcome]) -> Celery:
-    """A Celery app whose `murmur.transcribe` task calls `run_job(job_id)`."""
+def retry_countdown(retries: int) -> float:
+    """Exponential back-off with jitter, capped well below the visibility timeout."""
+    return float(min(RETRY_BACKOFF_MAX_SECONDS, 2**retries) * (0.5 + random.random() / 2))
+
+
+def make_celery(
+    broker_url: str,
+    queue: str,
+    run_job: Callable[[str], Outcome],
+    on_retired: Callable[[], None] = lambda: os.kill(os.getpid(), signal.SIGTERM),
+) -> Celery:
+    """A Celery app whose `murmur.transcribe` task calls `run_job(job_id)`.
+
+    No failure of ours acknowledges a message without the job being settled: the control plane
+    unreachable is retried, then the message is handed back; a credential the control plane
+    no longer accepts (this worker was retired) hands the message back and stops the worker.
+    """
     app = Celery("murmur-worker", set_as_current=False)
     app.conf.update(celery_config(broker_url, queue))
 
-    def transcribe(job_id: str) -> str:
+    def transcribe(task: Task, job_id: str) -> str:
         try:
             return run_job(job_id).value
         except DrainDeadlineExceeded:
@@ -68,18 +89,29 @@ def make_celery(broker_url: str, queue: str, run_job: Callable[[str], Outcome]) 
             raise Reject(
                 "drain deadline reached; job handed back to the queue", requeue=True
             ) from None
+        except ControlPlaneUnavailable as exc:
+            if task.request.retries >= MAX_RETRIES:
+                raise Reject(
+                    "control plane unreachable; job handed back to the queue", requeue=True
+                ) from None
+            raise task.retry(exc=exc, countdown=retry_countdown(task.request.retries)) from None
+        except ControlPlaneError as exc:
+            if exc.status in (401, 403):
+                log.error(
+                    "the control plane no longer accepts this worker (%s); stopping", exc.code
+                )
+                on_retired()
+                raise Reject("worker retired; job handed back to the queue", requeue=True) from None
+            raise
 
     # Registered with a call, not a decorator: the task function stays typed for mypy.
     app.task(
         name=TRANSCRIBE_TASK,
+        bind=True,
         # Not shared: a shared task is added to every Celery app created later in the process.
         shared=False,
         acks_late=True,
         reject_on_worker_lost=True,
-        autoretry_for=(ControlPlaneUnavailable,),
         max_retries=MAX_RETRIES,
-        retry_backoff=True,
-        retry_backoff_max=RETRY_BACKOFF_MAX_SECONDS,
-        retry_jitter=True,
     )(transcribe)
     return app

@@ -149,6 +149,11 @@ class ControlPlaneClient:
         )
         return bool(body.get("stored", False))
 
+    def release(self, job_id: str) -> bool:
+        """Hand a running job back (draining), so the next worker may claim it at once."""
+        body = self._post(f"/jobs/{quote(job_id, safe='')}/release", {}, retry=False)
+        return bool(body.get("released", False))
+
     def post_report(self, report: Mapping[str, Any]) -> None:
         """Send a usage report (docs/observability.md); for the reporter thread."""
         self._post("/report", dict(report), retry=False)

@@ -62,6 +62,8 @@ class ControlPlane(Protocol):
 
     def post_failure(self, job_id: str, code: str, message: str) -> bool: ...
 
+    def release(self, job_id: str) -> bool: ...
+
 
 @dataclass(frozen=True)
 class JobContext:
@@ -114,6 +116,10 @@ def process_job(job_id: str, context: JobContext) -> Outcome:
         return Outcome.SUCCEEDED
     except DrainDeadlineExceeded:
         end = "requeued"
+        try:
+            context.client.release(job_id)
+        except ControlPlaneError as exc:  # the claim rules still let a later worker take it
+            log.warning("job %s: could not hand back: %s", job_id, exc)
         raise
     finally:
         state.job_finished(

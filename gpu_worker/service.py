@@ -23,6 +23,7 @@ from celery.signals import worker_shutting_down
 
 from gpu_worker.celery_app import make_celery
 from gpu_worker.client import ControlPlaneClient, ControlPlaneError, RuntimeMismatch
+from gpu_worker.heartbeat import Heartbeat
 from gpu_worker.jobs import DrainDeadlineExceeded, JobContext, Outcome, process_job
 from gpu_worker.preflight import Preflight
 from gpu_worker.reporter import start_usage_reporter
@@ -89,11 +90,22 @@ def serve(preflight: Preflight, *, state: WorkerState | None = None, loglevel: s
     state = state or WorkerState()
     # Usage reports start before the model loads, so a slow or failed load is visible too.
     reporter = start_usage_reporter(profile, state)  # None when reporting is off
+    heartbeat = None
+    if reporter is None:  # without reports the fleet still needs to know this process lives
+        heartbeat = Heartbeat(
+            control_url=identity.control_url,
+            worker_id=identity.worker_id,
+            instance_id=identity.instance_id,
+            token=identity.token,
+            interval_seconds=profile.report_interval_seconds,
+        )
+        heartbeat.start()
     try:
         return _serve(preflight, profile, identity, state, loglevel)
     finally:
-        if reporter is not None:
-            reporter.stop(timeout=2)
+        for beat in (reporter, heartbeat):
+            if beat is not None:
+                beat.stop(timeout=2)
 
 
 def _serve(

@@ -203,7 +203,7 @@ def list_jobs(
         return list(s.execute(query).scalars())
 
 
-def _finish(
+def _transition(
     db: Database, job_id: str, from_states: tuple[str, ...], values: dict[str, Any]
 ) -> bool:
     with db.session() as s:
@@ -213,10 +213,26 @@ def _finish(
     return bool(moved)
 
 
+def _finish(db: Database, job_id: str, worker_id: str, values: dict[str, Any]) -> bool:
+    """End a running job on behalf of the worker that holds it; anyone else's word is ignored."""
+    with db.session() as s:
+        moved = rows_changed(
+            s,
+            update(Job)
+            .where(
+                Job.id == job_id,
+                Job.status == JobStatus.RUNNING.value,
+                Job.worker_id == worker_id,
+            )
+            .values(**values),
+        )
+    return bool(moved)
+
+
 def cancel_job(db: Database, job_id: str, owner: str) -> Job:
     job = get_job(db, job_id, owner)
     cancellable = (JobStatus.QUEUED.value, *ACTIVE_STATES)
-    done = _finish(
+    done = _transition(
         db,
         job_id,
         cancellable,
@@ -235,19 +251,49 @@ def cancel_job(db: Database, job_id: str, owner: str) -> Job:
     return get_job(db, job_id, owner)
 
 
-def claim_job(db: Database, job_id: str, worker: Worker, max_attempts: int) -> Job | None:
+@dataclass(frozen=True)
+class Claim:
+    """The outcome of a claim: the job handed over, or why not (and whether it just failed)."""
+
+    job: Job | None
+    failed: Job | None = None  # set when this claim gave up on the job (too many attempts)
+
+
+def _holder_is_on_it(session: Session, job: Job) -> bool:
+    """Whether the worker recorded on a running job is live and still working on it."""
+    if job.worker_id is None:
+        return False
+    holder = session.get(Worker, job.worker_id)
+    return (
+        holder is not None
+        and holder.state in LIVE_WORKER_STATES
+        and holder.current_job_id == job.id
+    )
+
+
+def claim_job(db: Database, job_id: str, worker: Worker, max_attempts: int) -> Claim:
     """Hand the job to this worker if it is still meant for the worker's profile.
 
-    A redelivered task for a job already running (its worker died) may be claimed again until
-    `max_attempts`; after that the job fails instead of looping forever.
+    A `dispatched` job is claimable. A `running` one only by the worker that holds it (a
+    redelivery to the same worker) or when its holder is gone or has let it go (a worker that
+    died or handed it back while draining); never from a live worker still running it, so one
+    job is transcribed by one worker at a time. After `max_attempts` starts the job fails
+    instead of looping forever.
     """
     now = utcnow()
     with db.session() as s:
         job = s.get(Job, job_id)
         if job is None or job.status not in ACTIVE_STATES or job.profile != worker.profile:
-            return None
+            return Claim(None)
+        if (
+            job.status == JobStatus.RUNNING.value
+            and job.worker_id != worker.id
+            and _holder_is_on_it(s, job)
+        ):
+            return Claim(None)
         if job.attempts >= max_attempts:
-            s.execute(
+            failed = rows_changed(
+                s,
                 update(Job)
                 .where(Job.id == job_id, Job.status.in_(ACTIVE_STATES))
                 .values(
@@ -255,9 +301,9 @@ def claim_job(db: Database, job_id: str, worker: Worker, max_attempts: int) -> J
                     finished_at=now,
                     error_code="too_many_attempts",
                     error_message=f"the job was started {job.attempts} times without finishing",
-                )
+                ),
             )
-            return None
+            return Claim(None, failed=job if failed else None)
         moved = rows_changed(
             s,
             update(Job)
@@ -270,7 +316,7 @@ def claim_job(db: Database, job_id: str, worker: Worker, max_attempts: int) -> J
             ),
         )
         if not moved:
-            return None
+            return Claim(None)
         s.execute(
             update(Worker)
             .where(Worker.id == worker.id)
@@ -281,7 +327,28 @@ def claim_job(db: Database, job_id: str, worker: Worker, max_attempts: int) -> J
                 first_job_at=worker.first_job_at or now,
             )
         )
-    return get_job(db, job_id)
+    return Claim(get_job(db, job_id))
+
+
+def release_job(db: Database, job_id: str, worker_id: str) -> bool:
+    """A draining worker hands a running job back: it becomes claimable by the next worker."""
+    with db.session() as s:
+        moved = rows_changed(
+            s,
+            update(Job)
+            .where(
+                Job.id == job_id,
+                Job.status == JobStatus.RUNNING.value,
+                Job.worker_id == worker_id,
+            )
+            .values(status=JobStatus.DISPATCHED.value, worker_id=None),
+        )
+        s.execute(
+            update(Worker)
+            .where(Worker.id == worker_id, Worker.current_job_id == job_id)
+            .values(current_job_id=None, idle_since=utcnow())
+        )
+    return bool(moved)
 
 
 def _release_worker(db: Database, worker_id: str, job_id: str) -> None:
@@ -304,7 +371,7 @@ def store_result(
     stored = _finish(
         db,
         job_id,
-        ACTIVE_STATES,
+        worker_id,
         {
             "status": JobStatus.SUCCEEDED.value,
             "transcript": transcript,
@@ -322,7 +389,7 @@ def store_failure(db: Database, job_id: str, worker_id: str, code: str, message:
     stored = _finish(
         db,
         job_id,
-        ACTIVE_STATES,
+        worker_id,
         {
             "status": JobStatus.FAILED.value,
             "finished_at": utcnow(),
@@ -336,7 +403,7 @@ def store_failure(db: Database, job_id: str, worker_id: str, code: str, message:
 
 def fail_job(db: Database, job_id: str, code: str, message: str) -> bool:
     """Fail a job the control plane itself gave up on (URL fetch failed, no profile left...)."""
-    return _finish(
+    return _transition(
         db,
         job_id,
         (JobStatus.QUEUED.value, *ACTIVE_STATES),

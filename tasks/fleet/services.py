@@ -42,10 +42,8 @@ class FleetServices:
                 seconds=_CREATE_CALLS * fleet.provider_timeout_seconds
                 + 2 * fleet.reconcile_interval_seconds
             ),
-            # Without usage reports a worker is silent by design; silence proves nothing then.
-            heartbeat_timeout=(
-                timedelta(seconds=3 * obs.report_interval_seconds) if obs.enabled else None
-            ),
+            # Workers report (observability on) or send a bare heartbeat (off) every interval.
+            heartbeat_timeout=timedelta(seconds=3 * obs.report_interval_seconds),
             max_hourly_eur=self.settings.budget.max_hourly_eur,
         )
 

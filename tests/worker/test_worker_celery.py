@@ -54,3 +54,69 @@ def test_a_drain_deadline_rejects_the_message_with_requeue():
     with pytest.raises(Reject) as caught:
         task.run("job_1")
     assert caught.value.requeue is True
+
+
+def _task(run_job, **kw):
+    return make_celery("redis://127.0.0.1:1/0", "transcribe.p", run_job, **kw).tasks[
+        TRANSCRIBE_TASK
+    ]
+
+
+def test_a_retired_worker_hands_the_message_back_and_stops():
+    from gpu_worker.client import ControlPlaneError
+
+    stopped = []
+
+    def run_job(job_id):
+        raise ControlPlaneError("POST claim: 403 worker_retired", status=403, code="worker_retired")
+
+    task = _task(run_job, on_retired=lambda: stopped.append(True))
+    with pytest.raises(Reject) as caught:
+        task.run("job_1")
+    assert caught.value.requeue is True
+    assert stopped == [True]
+
+
+def test_an_unreachable_control_plane_is_retried_then_handed_back(monkeypatch):
+    from celery.exceptions import Retry
+
+    from gpu_worker.celery_app import MAX_RETRIES, RETRY_BACKOFF_MAX_SECONDS
+    from gpu_worker.client import ControlPlaneUnavailable
+
+    def run_job(job_id):
+        raise ControlPlaneUnavailable("connection refused")
+
+    task = _task(run_job)
+    countdowns = []
+
+    def fake_retry(exc, countdown):
+        countdowns.append(countdown)
+        return Retry(exc=exc, when=countdown)
+
+    monkeypatch.setattr(task, "retry", fake_retry)
+    for retries in range(MAX_RETRIES):
+        task.push_request(retries=retries)
+        try:
+            with pytest.raises(Retry):
+                task.run("job_1")
+        finally:
+            task.pop_request()
+    assert len(countdowns) == MAX_RETRIES
+    assert all(0 < c <= RETRY_BACKOFF_MAX_SECONDS for c in countdowns)
+    task.push_request(retries=MAX_RETRIES)
+    try:
+        with pytest.raises(Reject) as caught:
+            task.run("job_1")
+    finally:
+        task.pop_request()
+    assert caught.value.requeue is True
+
+
+def test_other_control_plane_errors_propagate():
+    from gpu_worker.client import ControlPlaneError
+
+    def run_job(job_id):
+        raise ControlPlaneError("claim: unexpected answer", status=200)
+
+    with pytest.raises(ControlPlaneError):
+        _task(run_job).run("job_1")
