@@ -16,7 +16,8 @@ from datetime import timedelta
 from typing import Any
 
 import redis
-from sqlalchemy import update
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
 
 from app.config import Profile
 from app.db import rows_changed
@@ -31,7 +32,15 @@ from app.fleet.planner import (
     Provision,
     Requeue,
 )
-from app.models import LIVE_WORKER_STATES, ProfileState, Worker, WorkerState, new_id
+from app.models import (
+    LIVE_WORKER_STATES,
+    Job,
+    JobStatus,
+    ProfileState,
+    Worker,
+    WorkerState,
+    new_id,
+)
 from app.observability import forget_worker, record_provision_attempt
 from tasks.dispatch import dispatch_job, requeue_job
 from tasks.fleet.services import FleetServices
@@ -367,12 +376,28 @@ def _adopt_orphan(svc: FleetServices, action: DeleteOrphan, instance: Instance |
     return worker_id
 
 
+def _has_work(session: Session, worker: Worker) -> bool:
+    if worker.current_job_id is not None:
+        return True
+    waiting = session.execute(
+        select(Job.id)
+        .where(Job.profile == worker.profile, Job.status == JobStatus.DISPATCHED.value)
+        .limit(1)
+    ).first()
+    return waiting is not None
+
+
 def _teardown(svc: FleetServices, worker_id: str, reason: str) -> bool:
     """Advance the deletion of a worker's instance; True once the provider confirms it."""
     now = svc.clock()
     with svc.db.session() as s:
         row = s.get(Worker, worker_id)
         if row is None or row.deleted_at is not None:
+            return False
+        if reason == "idle" and row.state != WorkerState.DELETING.value and _has_work(s, row):
+            # The plan saw it idle, but since then a job was claimed by it or dispatched to its
+            # profile (the API dispatches at once to a warm profile): keep it.
+            log.info("fleet: worker %s is no longer idle; not deleting it", worker_id)
             return False
         if row.state != WorkerState.DELETING.value:
             row.state = WorkerState.DELETING.value

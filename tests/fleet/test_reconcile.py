@@ -526,3 +526,29 @@ def test_one_run_at_a_time(make_fleet: MakeFleet) -> None:
         held.release()
     assert fleet.reconcile().ran is True
     assert len(fleet.workers()) == 1
+
+
+def test_an_idle_worker_that_got_work_since_the_plan_is_kept(make_fleet: MakeFleet) -> None:
+    """The plan saw the worker idle; the API dispatched to its profile before the apply."""
+    from tasks.fleet.apply import _teardown
+
+    fleet = make_fleet()
+    fleet.add_jobs(1)
+    fleet.reconcile()
+    fleet.reconcile(advance=5)
+    fleet.ready_all()
+    assert fleet.claim_all() == 1 and fleet.finish_all() == 1
+    (worker,) = live(fleet)
+    (job_id,) = fleet.add_jobs(1)
+    with fleet.db.session() as s:  # what the API's immediate dispatch does
+        s.execute(
+            update(Job)
+            .where(Job.id == job_id)
+            .values(status=JobStatus.DISPATCHED.value, profile=worker.profile)
+        )
+    assert _teardown(fleet.svc, worker.id, "idle") is False
+    assert [w.id for w in live(fleet)] == [worker.id]
+    with fleet.db.session() as s:
+        s.execute(update(Job).where(Job.id == job_id).values(status=JobStatus.SUCCEEDED.value))
+    _teardown(fleet.svc, worker.id, "idle")
+    assert live(fleet) == []
