@@ -7,7 +7,7 @@ STAMP   := $(VENV)/.installed-stamp
 .PHONY: install demo up test lint flower bench clean
 
 $(STAMP): requirements/control.txt requirements/worker.txt requirements/dev.txt setup.cfg pyproject.toml
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@test -x $(VENV)/bin/pip || $(PYTHON) -m venv --clear $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements/dev.txt
 	$(PY) -m pip install -q --no-deps -e .

@@ -95,6 +95,9 @@ def api(workers: int, threads: int) -> None:
         "620",
         "--access-logfile",
         "-",
+        # The path only: a query string can carry a signed audio URL's signature.
+        "--access-logformat",
+        '%(h)s "%(m)s %(U)s %(H)s" %(s)s %(B)s %(L)ss',
     ]
     os.execvp(args[0], args)  # noqa: S606 (replace this process with gunicorn)
 

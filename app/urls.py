@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import requests
+from requests import PreparedRequest, Response
 from requests.adapters import HTTPAdapter
 
 from app.errors import ApiError
@@ -29,10 +30,19 @@ class CheckedUrl:
     addresses: tuple[str, ...]
 
 
+# IPv6 prefixes that carry an IPv4 address inside: judge them by that address.
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
+
+
 def _is_public(address: str) -> bool:
-    ip = ipaddress.ip_address(address)
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address):
+        embedded = ip.ipv4_mapped or ip.sixtofour or (ip.teredo[1] if ip.teredo else None)
+        if embedded is None and (ip in _NAT64 or ip in _IPV4_COMPATIBLE):
+            embedded = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+        if embedded is not None:
+            return embedded.is_global and not embedded.is_multicast
     return ip.is_global and not ip.is_multicast
 
 
@@ -71,29 +81,29 @@ def check_url(url: str, *, field: str = "url", allow_private: bool = False) -> C
     return CheckedUrl(url=url, host=host, port=port, addresses=addresses)
 
 
-# Pinning swaps the resolver for the duration of one send; the lock keeps threads apart.
-_resolver_lock = threading.Lock()
-
-
 class _PinnedAdapter(HTTPAdapter):
-    """Connects to one pre-checked address while keeping the URL's host for TLS and Host."""
+    """Connects to one pre-checked address while keeping the URL's host for TLS and Host.
 
-    def __init__(self, address: str) -> None:
-        self._address = address
+    The request goes to the IP itself (so no second DNS answer can redirect it), with the
+    original host in the Host header, in TLS SNI and in certificate verification.
+    """
+
+    def __init__(self, checked: CheckedUrl) -> None:
+        self._checked = checked
         super().__init__(max_retries=0)
 
-    def send(self, request, *args, **kwargs):  # type: ignore[no-untyped-def]
-        original = socket.getaddrinfo
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["server_hostname"] = self._checked.host
+        kwargs["assert_hostname"] = self._checked.host
+        super().init_poolmanager(*args, **kwargs)
 
-        def pinned(host, port, *a, **kw):  # type: ignore[no-untyped-def]
-            return original(self._address, port, *a, **kw)
-
-        with _resolver_lock:
-            socket.getaddrinfo = pinned
-            try:
-                return super().send(request, *args, **kwargs)
-            finally:
-                socket.getaddrinfo = original
+    def send(self, request: PreparedRequest, *args: Any, **kwargs: Any) -> Response:
+        parts = urlsplit(request.url or "")
+        address = self._checked.addresses[0]
+        literal = f"[{address}]" if ":" in address else address
+        request.headers["Host"] = parts.netloc
+        request.url = urlunsplit(parts._replace(netloc=f"{literal}:{self._checked.port}"))
+        return super().send(request, *args, **kwargs)
 
 
 @contextmanager
@@ -101,7 +111,8 @@ def pinned_session(checked: CheckedUrl) -> Iterator[requests.Session]:
     """A requests session that will only connect to the checked address and follows no redirect."""
     session = requests.Session()
     session.max_redirects = 0
-    adapter = _PinnedAdapter(checked.addresses[0])
+    session.trust_env = False  # no proxy from the environment, no .netrc credentials
+    adapter = _PinnedAdapter(checked)
     session.mount("http://", adapter)
     session.mount("https://", adapter)
     try:

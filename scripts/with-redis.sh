@@ -12,7 +12,7 @@ ping() {
 
 started=""
 if ping; then
-  echo "using the Redis at ${url%%@*}"
+  echo "using the Redis at ${url#*@}"  # the part after any credentials
 else
   host_port="${url#*://}"; host_port="${host_port#*@}"; host_port="${host_port%%/*}"
   host="${host_port%%:*}"; port="${host_port##*:}"; [ "$port" = "$host_port" ] && port=6379

@@ -25,6 +25,7 @@ from tasks.celery_app import celery_app
 log = logging.getLogger(__name__)
 
 FETCH_TIMEOUT = (5.0, 30.0)  # connect, read (per chunk)
+FETCH_DEADLINE_SECONDS = 300  # the whole download
 WEBHOOK_TIMEOUT = (5.0, 10.0)
 WEBHOOK_MAX_RETRIES = 6  # back-off 2, 4, ... 64 s: about two minutes in all
 SIGNATURE_HEADER = "X-Murmur-Signature"
@@ -63,8 +64,15 @@ def fetch_audio(job_id: str) -> None:
                     f"the URL's content is larger than the limit of {limit} bytes",
                 )
             size = 0
+            deadline = time.monotonic() + FETCH_DEADLINE_SECONDS
             with staged.open("wb") as out:
                 for chunk in response.iter_content(chunk_size=256 * 1024):
+                    if time.monotonic() > deadline:  # a server dripping bytes holds no worker
+                        raise ApiError(
+                            422,
+                            "url_fetch_failed",
+                            f"the URL did not deliver within {FETCH_DEADLINE_SECONDS} s",
+                        )
                     size += len(chunk)
                     if size > limit:
                         raise ApiError(
@@ -83,6 +91,13 @@ def fetch_audio(job_id: str) -> None:
     except requests.RequestException as exc:
         staged.unlink(missing_ok=True)
         _fail(job_id, "url_fetch_failed", f"fetching the URL failed: {type(exc).__name__}")
+        return
+    except Exception as exc:
+        # Anything else (disk full, a decoder error) must still end the job: a URL job left
+        # queued without audio has no other path forward.
+        staged.unlink(missing_ok=True)
+        log.exception("fetching audio for %s failed", job_id)
+        _fail(job_id, "url_fetch_failed", f"storing the URL's content failed: {type(exc).__name__}")
         return
     key = staged.name + ".audio"
     store.commit(staged, key)

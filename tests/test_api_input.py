@@ -174,6 +174,9 @@ def test_unknown_json_field(client: Any) -> None:
         ("http://192.168.0.10/a.wav", "forbidden_url", "private"),
         ("http://[::1]/a.wav", "forbidden_url", "loopback"),
         ("http://[::ffff:127.0.0.1]/a.wav", "forbidden_url", "loopback"),
+        ("http://[64:ff9b::a9fe:a9fe]/latest", "forbidden_url", "link-local"),  # NAT64
+        ("http://[2002:7f00:1::]/a.wav", "forbidden_url", "loopback"),  # 6to4
+        ("http://[::7f00:1]/a.wav", "forbidden_url", "loopback"),  # IPv4-compatible
         ("not a url", "invalid_url", "http or https"),
     ],
 )
@@ -304,3 +307,20 @@ def test_readyz_names_the_failed_dependency(client: Any, settings: Any, tmp_path
     assert body["checks"]["database"] == "ok"
     assert body["checks"]["broker"].startswith("failed")
     assert API_TOKEN not in response.get_data(as_text=True)
+
+
+def test_url_job_refused_when_the_broker_is_down_leaves_nothing(
+    settings: Any, db: Database, tmp_path: Path
+) -> None:
+    """Policy for URL jobs: nothing of the client's is stored yet, so answer 503 and keep no row;
+    a retry with the same Idempotency-Key then creates the job afresh."""
+    from app import create_app
+    from tasks.celery_app import make_celery
+
+    dead = settings.model_copy(update={"redis_url": "redis://127.0.0.1:1/0"})
+    client = create_app(dead, db=db, celery=make_celery(dead)).test_client()
+    headers = {**auth(), "Idempotency-Key": "url-1"}
+    response = client.post("/v1/jobs", json={"url": "https://93.184.215.14/a.wav"}, headers=headers)
+    assert error_of(response, 503, "broker_unavailable").startswith("the job queue is unavailable")
+    assert response.headers["Retry-After"] == "5"
+    assert job_count(db) == 0

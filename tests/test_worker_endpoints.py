@@ -16,16 +16,23 @@ TRANSCRIPT = {"text": "hello", "segments": [{"start": 0.0, "end": 1.0, "text": "
 
 
 def submit(client: Any) -> str:
-    response = client.post("/v1/jobs", data={"file": (io.BytesIO(SPEECH), "a.wav")},
-                           headers=auth(), content_type="multipart/form-data")
+    response = client.post(
+        "/v1/jobs",
+        data={"file": (io.BytesIO(SPEECH), "a.wav")},
+        headers=auth(),
+        content_type="multipart/form-data",
+    )
     assert response.status_code == 202
     return str(response.get_json()["id"])
 
 
 def call(client: Any, worker: Worker, path: str, body: dict[str, Any] | None = None) -> Any:
     token = InstanceCredential.derive(SIGNING_KEY, worker.id, worker.instance_id or "").token
-    return client.post(f"/internal/workers/{worker.id}/{worker.instance_id}{path}",
-                       json=body or {}, headers={"Authorization": f"Bearer {token}"})
+    return client.post(
+        f"/internal/workers/{worker.id}/{worker.instance_id}{path}",
+        json=body or {},
+        headers={"Authorization": f"Bearer {token}"},
+    )
 
 
 def test_a_job_runs_on_one_worker_and_only_its_holder_may_finish_it(
@@ -40,14 +47,23 @@ def test_a_job_runs_on_one_worker_and_only_its_holder_may_finish_it(
     assert refused.status_code == 409
     assert refused.get_json()["error"]["code"] == "job_not_claimable"
     # ...and that worker's word on the job is ignored.
-    answer = call(client, second, f"/jobs/{job_id}/result",
-                  {"transcript": TRANSCRIPT, "processing_seconds": 1.0})
+    answer = call(
+        client,
+        second,
+        f"/jobs/{job_id}/result",
+        {"transcript": TRANSCRIPT, "processing_seconds": 1.0},
+    )
     assert answer.get_json() == {"stored": False}
-    assert call(client, second, f"/jobs/{job_id}/failure",
-                {"code": "worker_error", "message": "x"}).get_json() == {"stored": False}
+    assert call(
+        client, second, f"/jobs/{job_id}/failure", {"code": "worker_error", "message": "x"}
+    ).get_json() == {"stored": False}
     assert client.get(f"/v1/jobs/{job_id}", headers=auth()).get_json()["status"] == "running"
-    stored = call(client, first, f"/jobs/{job_id}/result",
-                  {"transcript": TRANSCRIPT, "processing_seconds": 1.0})
+    stored = call(
+        client,
+        first,
+        f"/jobs/{job_id}/result",
+        {"transcript": TRANSCRIPT, "processing_seconds": 1.0},
+    )
     assert stored.get_json() == {"stored": True}
     assert client.get(f"/v1/jobs/{job_id}", headers=auth()).get_json()["text"] == "hello"
 
@@ -79,8 +95,9 @@ def test_a_dead_holders_job_can_be_claimed_again(client: Any, db: Database) -> N
     assert call(client, other, f"/jobs/{job_id}/claim").status_code == 200
 
 
-def test_too_many_attempts_fails_the_job_visibly(client: Any, db: Database,
-                                                 settings: Settings) -> None:
+def test_too_many_attempts_fails_the_job_visibly(
+    client: Any, db: Database, settings: Settings
+) -> None:
     worker = add_worker(db, state=WorkerState.READY)
     job_id = submit(client)
     for _ in range(settings.fleet.max_attempts):
@@ -91,20 +108,26 @@ def test_too_many_attempts_fails_the_job_visibly(client: Any, db: Database,
     assert job["error"]["code"] == "too_many_attempts"
 
 
-def test_heartbeat_marks_the_worker_seen_and_needs_its_credential(client: Any,
-                                                                   db: Database) -> None:
+def test_heartbeat_marks_the_worker_seen_and_needs_its_credential(
+    client: Any, db: Database
+) -> None:
     worker = add_worker(db, state=WorkerState.READY)
     assert call(client, worker, "/heartbeat").get_json() == {"ok": True}
     with db.reader() as s:
         row = s.get(Worker, worker.id)
         assert row is not None and row.last_seen_at is not None
-    forged = client.post(f"/internal/workers/{worker.id}/{worker.instance_id}/heartbeat",
-                         headers={"Authorization": "Bearer " + "0" * 64})
+    forged = client.post(
+        f"/internal/workers/{worker.id}/{worker.instance_id}/heartbeat",
+        headers={"Authorization": "Bearer " + "0" * 64},
+    )
     assert forged.status_code == 401
     assert forged.get_json()["error"]["code"] == "unauthorized"
     other_instance = client.post(
         f"/internal/workers/{worker.id}/not-its-instance/heartbeat",
-        headers={"Authorization": "Bearer " + InstanceCredential.derive(
-            SIGNING_KEY, worker.id, "not-its-instance").token})
+        headers={
+            "Authorization": "Bearer "
+            + InstanceCredential.derive(SIGNING_KEY, worker.id, "not-its-instance").token
+        },
+    )
     assert other_instance.status_code == 403
     assert other_instance.get_json()["error"]["code"] == "unknown_worker"

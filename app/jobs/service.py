@@ -15,7 +15,7 @@ from typing import Any
 
 import redis
 from celery import Celery
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import and_, delete, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -146,6 +146,18 @@ def insert_job(
             raise
         return existing, False
     return job, True
+
+
+def delete_unstarted_job(db: Database, job_id: str) -> None:
+    """Remove a job refused before anything of it was stored (its idempotency key is freed)."""
+    with db.session() as s:
+        s.execute(
+            delete(Job).where(
+                Job.id == job_id,
+                Job.status == JobStatus.QUEUED.value,
+                Job.audio_key.is_(None),
+            )
+        )
 
 
 def get_job(db: Database, job_id: str, owner: str | None = None) -> Job:

@@ -191,7 +191,7 @@ def _create_url_job(
         except Exception as exc:
             # Nothing of the client's is stored yet: refuse cleanly rather than keep a job
             # that nobody will fetch.
-            service.fail_job(svc.db, job.id, "broker_unavailable", "the queue was unavailable")
+            service.delete_unstarted_job(svc.db, job.id)
             raise ApiError(
                 503,
                 "broker_unavailable",
