@@ -119,19 +119,26 @@ class LocalProvider:
             return False
 
     @staticmethod
-    def _group_alive(pgid: int) -> bool:
+    def _group_alive(record: Mapping[str, Any]) -> bool:
         """Does any live (non-zombie) process remain in the worker's process group?
 
         A zombie still answers kill(0), and only its parent can reap it; the parent may be
-        another pool process of the control worker, so zombies count as gone.
+        another pool process of the control worker, so zombies count as gone. Processes older
+        than the worker are not its children: the group id was reused, leave them alone.
         """
+        pgid = int(record["pid"])
+        born = float(record["create_time"]) - 1.0
         try:
             os.killpg(pgid, 0)
         except (ProcessLookupError, PermissionError):
             return False
-        for proc in psutil.process_iter(["status"]):
+        for proc in psutil.process_iter(["status", "create_time"]):
             try:
-                if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                if (
+                    os.getpgid(proc.pid) == pgid
+                    and proc.info["status"] != psutil.STATUS_ZOMBIE
+                    and proc.info["create_time"] >= born
+                ):
                     return True
             except (OSError, psutil.Error):
                 continue
@@ -215,7 +222,7 @@ class LocalProvider:
             return Teardown(True)
         pid = int(record["pid"])
         deadline = time.monotonic() + self._wait
-        if self._alive(record) or self._group_alive(pid):
+        if self._alive(record) or self._group_alive(record):
             now = time.time()
             if "term_sent_at" not in record:
                 record["term_sent_at"] = now
@@ -223,14 +230,16 @@ class LocalProvider:
                 self._signal(pid, signal.SIGTERM)
             elif now - float(record["term_sent_at"]) >= self._grace:
                 self._signal(pid, signal.SIGKILL)
-            while (self._alive(record) or self._group_alive(pid)) and time.monotonic() < deadline:
+            while (self._alive(record) or self._group_alive(record)) and time.monotonic() < deadline:
                 time.sleep(0.05)
                 if time.time() - float(record["term_sent_at"]) >= self._grace:
                     self._signal(pid, signal.SIGKILL)
-            if self._alive(record) or self._group_alive(pid):
+            if self._alive(record) or self._group_alive(record):
                 return Teardown(False, resources, f"pid {pid} still running after SIGTERM")
         with contextlib.suppress(OSError):
             self._path(instance_id).unlink()
+        with contextlib.suppress(OSError):
+            (self._dir / f"{instance_id}.log").unlink()
         return Teardown(True)
 
     @staticmethod
