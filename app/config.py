@@ -11,6 +11,7 @@ import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
+from urllib.parse import urlsplit
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
@@ -101,6 +102,9 @@ class Settings(_Strict):
     api: ApiSettings = ApiSettings()
     database_url: str = "sqlite:///var/murmur.db"
     redis_url: str = "redis://127.0.0.1:6379/0"
+    # The broker URL handed to workers (cloud-init), when it differs from the control plane's:
+    # a name they can reach, and ideally a Redis user limited to the transcribe.* queues.
+    worker_broker_url: str | None = None
     storage_path: str = "var/audio"
     default_language: str | None = None
     fleet: FleetSettings = FleetSettings()
@@ -203,6 +207,8 @@ def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
         out["database_url"] = env["MURMUR_DATABASE_URL"]
     if "MURMUR_REDIS_URL" in env:
         out["redis_url"] = env["MURMUR_REDIS_URL"]
+    if "MURMUR_WORKER_BROKER_URL" in env:
+        out["worker_broker_url"] = env["MURMUR_WORKER_BROKER_URL"]
     if "MURMUR_STORAGE_PATH" in env:
         out["storage_path"] = env["MURMUR_STORAGE_PATH"]
     if "MURMUR_HOST" in env:
@@ -289,6 +295,28 @@ def load_settings(
     return settings
 
 
+def _is_loopback_url(url: str) -> bool:
+    host = (urlsplit(url).hostname or "").lower()
+    return host in ("localhost", "") or host.startswith("127.") or host == "::1"
+
+
+def _remote_worker_problems(settings: Settings) -> list[str]:
+    """Cloud workers must reach the control plane over HTTPS and the broker by a real name."""
+    problems = []
+    public = settings.api.public_url
+    if urlsplit(public).scheme != "https" or _is_loopback_url(public):
+        problems.append(
+            f"api.public_url: cloud workers need an https URL they can reach, not {public}"
+        )
+    broker = settings.worker_broker_url or settings.redis_url
+    if _is_loopback_url(broker):
+        problems.append(
+            "worker_broker_url: cloud workers cannot reach a broker on localhost; set "
+            "MURMUR_WORKER_BROKER_URL (ideally a Redis user limited to transcribe.* keys)"
+        )
+    return problems
+
+
 def check_settings(settings: Settings, *, role: str = "control") -> list[str]:
     """Every problem that stops this configuration from running safely (empty = fine)."""
     problems: list[str] = []
@@ -372,6 +400,7 @@ def check_settings(settings: Settings, *, role: str = "control") -> list[str]:
         if settings.observability.enabled and not settings.scrape_token:
             problems.append("MURMUR_SCRAPE_TOKEN: required when observability is enabled")
         if any(p.provider == "scaleway" and p.enabled for p in settings.profiles):
+            problems += _remote_worker_problems(settings)
             for name in ("scaleway_access_key", "scaleway_secret_key"):
                 if not settings.reveal(name):
                     problems.append(f"{_SECRET_ENV[name]}: required by the scaleway profiles")

@@ -28,7 +28,7 @@ def worker_environment(
         "MURMUR_INSTANCE_ID": instance_id,
         "MURMUR_WORKER_TOKEN": credential.token,
         "MURMUR_CONTROL_URL": settings.api.public_url.rstrip("/"),
-        "MURMUR_BROKER_URL": settings.redis_url,
+        "MURMUR_BROKER_URL": settings.worker_broker_url or settings.redis_url,
         "MURMUR_PROFILE": profile.name,
         "MURMUR_MODEL": profile.model,
         "MURMUR_DEVICE": device,

@@ -23,6 +23,11 @@ SECRETS = {
 }
 
 GROUPS = """
+worker_broker_url = "rediss://workers:pw@broker.example.com:6380/0"
+
+[api]
+public_url = "https://murmur.example.com"
+
 [security_groups.par1]
 id = "11111111-1111-4111-8111-111111111111"
 zone = "fr-par-1"
@@ -196,3 +201,15 @@ def test_validate_config_command_exits_non_zero_with_the_list(tmp_path: Path) ->
     )
     assert ok.exit_code == 0, ok.output
     assert "configuration OK: 2 profile(s): l4-par2, p100-par1" in ok.output
+
+
+def test_cloud_workers_need_reachable_control_plane_and_broker(tmp_path: Path) -> None:
+    text = GROUPS.replace(
+        'public_url = "https://murmur.example.com"', 'public_url = "http://127.0.0.1:8000"'
+    )
+    text = text.replace('worker_broker_url = "rediss://workers:pw@broker.example.com:6380/0"', "")
+    assert problems_of(tmp_path, text + profile()) == [
+        "api.public_url: cloud workers need an https URL they can reach, not http://127.0.0.1:8000",
+        "worker_broker_url: cloud workers cannot reach a broker on localhost; set "
+        "MURMUR_WORKER_BROKER_URL (ideally a Redis user limited to transcribe.* keys)",
+    ]
