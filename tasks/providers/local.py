@@ -230,7 +230,9 @@ class LocalProvider:
                 self._signal(pid, signal.SIGTERM)
             elif now - float(record["term_sent_at"]) >= self._grace:
                 self._signal(pid, signal.SIGKILL)
-            while (self._alive(record) or self._group_alive(record)) and time.monotonic() < deadline:
+            while (
+                self._alive(record) or self._group_alive(record)
+            ) and time.monotonic() < deadline:
                 time.sleep(0.05)
                 if time.time() - float(record["term_sent_at"]) >= self._grace:
                     self._signal(pid, signal.SIGKILL)
