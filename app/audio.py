@@ -38,12 +38,25 @@ def _read_first_frame(path: Path, options: dict[str, str]) -> AudioInfo | None:
             if container.duration
             else float((stream.duration or 0) * (stream.time_base or 0))
         )
+        if duration <= 0:  # no duration in the headers (e.g. browser-recorded webm): count it
+            duration = _demuxed_seconds(path)
         return AudioInfo(
             duration_seconds=float(duration),
             codec=stream.codec_context.name,
             sample_rate=int(stream.codec_context.sample_rate or 0),
             channels=int(stream.codec_context.channels or 0),
         )
+
+
+def _demuxed_seconds(path: Path) -> float:
+    """The audio's length from its packets' timestamps (no decoding)."""
+    with av.open(str(path), metadata_errors="ignore") as container:
+        stream: Any = container.streams.audio[0]
+        end = 0.0
+        for packet in container.demux(stream):
+            if packet.pts is not None and packet.duration is not None and packet.time_base:
+                end = max(end, float((packet.pts + packet.duration) * packet.time_base))
+        return end
 
 
 def probe_audio(path: Path, max_seconds: float) -> AudioInfo:

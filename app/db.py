@@ -29,7 +29,8 @@ def normalise_url(url: str) -> str:
 
 def make_engine(url: str) -> Engine:
     url = normalise_url(url)
-    kwargs: dict[str, Any] = {"future": True}
+    # Errors must not carry bound values into logs: prompts, transcripts, URLs.
+    kwargs: dict[str, Any] = {"future": True, "hide_parameters": True}
     if url.startswith("sqlite"):
         path = url.split("///", 1)[-1]
         if path and path != ":memory:":

@@ -34,3 +34,14 @@ def test_wav_bytes_in_a_text_file_are_still_audio(tmp_path: Path) -> None:
     path = tmp_path / "notes.txt"
     path.write_bytes((FIXTURES / "speech-short.wav").read_bytes())
     assert probe_audio(path, 3600).codec == "pcm_s16le"
+
+
+@pytest.mark.parametrize(("container", "codec", "ext", "rate"), FORMATS)
+def test_length_is_counted_from_packets_when_headers_lack_it(
+    tmp_path: Path, container: str, codec: str, ext: str, rate: int
+) -> None:
+    from app.audio import _demuxed_seconds
+
+    path = tmp_path / f"a.{ext}"
+    path.write_bytes(encode(FIXTURES / "speech-short.wav", container, codec, rate))
+    assert _demuxed_seconds(path) == pytest.approx(6.6, abs=0.15)

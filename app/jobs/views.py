@@ -24,6 +24,8 @@ log = logging.getLogger(__name__)
 jobs_bp = Blueprint("jobs", __name__)
 
 OPENAI_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
+# Job failures caused by what the client sent (answered 400, not 500, by the sync endpoint).
+_CLIENT_FAILURES = frozenset({"audio_decode_failed", "audio_too_large", "unsupported_language"})
 _JSON_FIELDS = {"url", "language", "webhook_url", "word_timestamps", "prompt"}
 _FORM_FIELDS = {"language", "webhook_url", "word_timestamps", "prompt"}
 _TRUE = {"1", "true", "yes", "on"}
@@ -344,7 +346,7 @@ def openai_transcriptions() -> Response:
         return response
     if finished.status in (JobStatus.FAILED.value, JobStatus.CANCELLED.value):
         raise ApiError(
-            422 if finished.error_code == "audio_decode_failed" else 500,
+            400 if finished.error_code in _CLIENT_FAILURES else 500,
             finished.error_code or "transcription_failed",
             finished.error_message or "the transcription failed",
             extra={"job_id": finished.id},
