@@ -347,6 +347,11 @@ def check_settings(settings: Settings, *, role: str = "control") -> list[str]:
                     f"{where}.compute_type: {p.compute_type} cannot run on {device}; "
                     f"allowed: {', '.join(sorted(supported_compute_types(stype.cuda_capability)))}"
                 )
+            if stype.zones and p.zone not in stype.zones:
+                problems.append(
+                    f"{where}.zone: {p.server_type} is not offered in {p.zone} "
+                    f"(offered in {', '.join(sorted(stype.zones))})"
+                )
             if stype.gpu is None and p.alignment_device == "cuda":
                 problems.append(f"{where}.alignment_device: cuda on a CPU-only server type")
             if (p.provider == "local") != (stype.gpu is None):

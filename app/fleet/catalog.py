@@ -16,23 +16,28 @@ class ServerType:
     gpu: str | None  # None for CPU-only types
     gpu_count: int
     cuda_capability: tuple[int, int] | None
+    # Zones that offer the type (Scaleway's availability page, Dec 2025); empty = not checked.
+    zones: frozenset[str] = frozenset()
+
+
+_PAR2_WAW2 = frozenset({"fr-par-2", "pl-waw-2"})
 
 
 _TYPES = [
-    ServerType("RENDER-S", "P100", 1, (6, 0)),
-    ServerType("L4-1-24G", "L4", 1, (8, 9)),
-    ServerType("L4-2-24G", "L4", 2, (8, 9)),
-    ServerType("L4-4-24G", "L4", 4, (8, 9)),
-    ServerType("L4-8-24G", "L4", 8, (8, 9)),
-    ServerType("L40S-1-48G", "L40S", 1, (8, 9)),
-    ServerType("L40S-2-48G", "L40S", 2, (8, 9)),
-    ServerType("L40S-4-48G", "L40S", 4, (8, 9)),
-    ServerType("L40S-8-48G", "L40S", 8, (8, 9)),
-    ServerType("H100-1-80G", "H100-PCIe", 1, (9, 0)),
-    ServerType("H100-2-80G", "H100-PCIe", 2, (9, 0)),
-    ServerType("H100-SXM-2-80G", "H100-SXM", 2, (9, 0)),
-    ServerType("H100-SXM-4-80G", "H100-SXM", 4, (9, 0)),
-    ServerType("H100-SXM-8-80G", "H100-SXM", 8, (9, 0)),
+    ServerType("RENDER-S", "P100", 1, (6, 0), frozenset({"fr-par-1"})),
+    ServerType("L4-1-24G", "L4", 1, (8, 9), _PAR2_WAW2),
+    ServerType("L4-2-24G", "L4", 2, (8, 9), _PAR2_WAW2),
+    ServerType("L4-4-24G", "L4", 4, (8, 9), _PAR2_WAW2),
+    ServerType("L4-8-24G", "L4", 8, (8, 9), _PAR2_WAW2),
+    ServerType("L40S-1-48G", "L40S", 1, (8, 9), _PAR2_WAW2),
+    ServerType("L40S-2-48G", "L40S", 2, (8, 9), _PAR2_WAW2),
+    ServerType("L40S-4-48G", "L40S", 4, (8, 9), _PAR2_WAW2),
+    ServerType("L40S-8-48G", "L40S", 8, (8, 9), _PAR2_WAW2),
+    ServerType("H100-1-80G", "H100-PCIe", 1, (9, 0), _PAR2_WAW2),
+    ServerType("H100-2-80G", "H100-PCIe", 2, (9, 0), _PAR2_WAW2),
+    ServerType("H100-SXM-2-80G", "H100-SXM", 2, (9, 0), frozenset({"fr-par-2"})),
+    ServerType("H100-SXM-4-80G", "H100-SXM", 4, (9, 0), frozenset({"fr-par-2"})),
+    ServerType("H100-SXM-8-80G", "H100-SXM", 8, (9, 0), frozenset({"fr-par-2"})),
     # The local provider's "instance" is a subprocess on this machine's CPU.
     ServerType("local-cpu", None, 0, None),
 ]

@@ -213,3 +213,10 @@ def test_cloud_workers_need_reachable_control_plane_and_broker(tmp_path: Path) -
         "worker_broker_url: cloud workers cannot reach a broker on localhost; set "
         "MURMUR_WORKER_BROKER_URL (ideally a Redis user limited to transcribe.* keys)",
     ]
+
+
+def test_a_server_type_outside_its_zones_is_refused(tmp_path: Path) -> None:
+    text = GROUPS + profile("p100", server_type="RENDER-S", compute_type="float32")
+    assert problems_of(tmp_path, text) == [
+        "profiles.p100.zone: RENDER-S is not offered in fr-par-2 (offered in fr-par-1)"
+    ]
