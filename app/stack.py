@@ -239,6 +239,7 @@ def demo(files: list[str]) -> int:
     headers = {"Authorization": f"Bearer {token}"}
     with running_stack(env, echo=FLEET_WORDS) as url:
         print(f"Murmur is up at {url}; transcribing {len(files)} file(s)", flush=True)
+        print(f"API token: {token}  (kept in var/dev-secrets.env for `make up`)", flush=True)
         for name in files:
             path = Path(name)
             with path.open("rb") as fh:
