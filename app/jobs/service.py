@@ -19,6 +19,7 @@ from sqlalchemy import and_, delete, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from app.auth import WorkerCaller
 from app.config import Settings
 from app.db import Database, rows_changed
 from app.errors import ApiError
@@ -283,7 +284,7 @@ def _holder_is_on_it(session: Session, job: Job) -> bool:
     )
 
 
-def claim_job(db: Database, job_id: str, worker: Worker, max_attempts: int) -> Claim:
+def claim_job(db: Database, job_id: str, worker: WorkerCaller, max_attempts: int) -> Claim:
     """Hand the job to this worker if it is still meant for the worker's profile.
 
     A `dispatched` job is claimable. A `running` one only by the worker that holds it (a

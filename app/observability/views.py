@@ -16,7 +16,7 @@ from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4
 from pydantic import ValidationError
 from sqlalchemy import or_, update
 
-from app.auth import authenticate_worker, bearer_token, require_admin_token
+from app.auth import WorkerCaller, authenticate_worker, bearer_token, require_admin_token
 from app.context import Services, services
 from app.credentials import constant_time_in
 from app.errors import ApiError
@@ -86,7 +86,7 @@ def _parse(svc: Services, raw: bytes) -> UsageReport:
         ) from None
 
 
-def _touch_last_seen(svc: Services, worker: Worker, now: datetime) -> None:
+def _touch_last_seen(svc: Services, worker: WorkerCaller, now: datetime) -> None:
     """Record the heartbeat the fleet's dead-worker rule reads.
 
     Written at most every half interval per worker: reports arrive once per interval, so
