@@ -224,7 +224,7 @@ def up() -> int:
         try:
             while True:
                 time.sleep(1)
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, SystemExit):
             print("\nstopping…", flush=True)
     return 0
 
@@ -303,7 +303,14 @@ def _wait_for_empty_fleet(env: dict[str, str], timeout: float) -> int:
         db.dispose()
 
 
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    # SystemExit unwinds through running_stack's cleanup, as Ctrl-C does.
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str]) -> int:
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    signal.signal(signal.SIGHUP, _exit_on_signal)
     if not argv or argv[0] not in ("up", "demo"):
         print("usage: python -m app.stack up | demo FILE...", file=sys.stderr)
         return 2

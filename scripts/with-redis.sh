@@ -39,5 +39,12 @@ stop_redis() {
   fi
 }
 trap stop_redis EXIT
-trap 'exit 130' INT TERM
-"$@"
+# Run the command in the background so a Ctrl-C or a TERM reaching this script is passed on
+# as TERM: the stack then stops everything it started before Redis goes away.
+"$@" &
+child=$!
+trap 'kill -TERM "$child" 2>/dev/null' INT TERM
+status=0
+wait "$child" || status=$?
+while kill -0 "$child" 2>/dev/null; do wait "$child" || status=$?; done
+exit "$status"
