@@ -11,6 +11,7 @@ reason; no job id, URL, token or transcript text can reach a label or a value.
 from __future__ import annotations
 
 import bisect
+import gc
 import logging
 import time
 from collections import Counter, defaultdict
@@ -559,4 +560,12 @@ def render_metrics(settings: Settings, db: Database, r: redis.Redis) -> bytes:
     """One scrape in the Prometheus text format, from a fresh registry."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(MurmurCollector(settings, db, r))
-    return encode_text(registry)
+    # A scrape of 1,000 workers allocates about a million short-lived objects, none in
+    # cycles; letting the collector run through them made scrapes 50 % slower and erratic.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return encode_text(registry)
+    finally:
+        if was_enabled:
+            gc.enable()

@@ -93,7 +93,8 @@ def log_key(worker_id: str) -> str:
 
 
 def snapshot_ttl_ms(interval_seconds: float) -> int:
-    return max(1, math.ceil(interval_seconds * SNAPSHOT_INTERVALS * 1000))
+    # Rounded to the microsecond first: 3 x 0.2 s is 600.0000000000001 ms in floating point.
+    return max(1, math.ceil(round(interval_seconds * SNAPSHOT_INTERVALS * 1000, 3)))
 
 
 # Atomic "newer wins": compare (process start, sequence) with the cursor, and only then
@@ -202,6 +203,28 @@ def forget_worker(r: redis.Redis, worker_id: str, *, keep_log: bool = False) -> 
     pipe.delete(*keys)
     pipe.hdel(FRESHNESS_KEY, worker_id)
     pipe.execute()
+
+
+def last_reports(r: redis.Redis, worker_ids: list[str]) -> dict[str, datetime]:
+    """When each worker's latest accepted report arrived: its heartbeat while reporting is on.
+
+    The report endpoint records this in Redis only (no database write per report); the fleet
+    reads it beside `workers.last_seen_at`, which claims, results and bare heartbeats update.
+    A Redis failure reads as "no report", which only the database's heartbeat then covers.
+    """
+    if not worker_ids:
+        return {}
+    try:
+        values = r.hmget(FRESHNESS_KEY, worker_ids)
+    except redis.RedisError:
+        return {}
+    seen: dict[str, datetime] = {}
+    for worker_id, raw in zip(worker_ids, values, strict=True):
+        try:
+            seen[worker_id] = datetime.fromtimestamp(float(cast(Any, raw)), UTC)
+        except (TypeError, ValueError):
+            continue
+    return seen
 
 
 def record_provision_attempt(r: redis.Redis, profile: str, outcome: str) -> None:

@@ -8,15 +8,14 @@
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
 from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4
 from pydantic import ValidationError
-from sqlalchemy import or_, update
 
-from app.auth import WorkerCaller, authenticate_worker, bearer_token, require_admin_token
+from app.auth import authenticate_worker, bearer_token, require_admin_token
 from app.context import Services, services
 from app.credentials import constant_time_in
 from app.errors import ApiError
@@ -86,29 +85,6 @@ def _parse(svc: Services, raw: bytes) -> UsageReport:
         ) from None
 
 
-def _touch_last_seen(svc: Services, worker: WorkerCaller, now: datetime) -> None:
-    """Record the heartbeat the fleet's dead-worker rule reads.
-
-    Written at most every half interval per worker: reports arrive once per interval, so
-    every normal report still writes, while a burst cannot turn into a write per request.
-    """
-    seen = worker.last_seen_at
-    if seen is not None and seen.tzinfo is None:
-        seen = seen.replace(tzinfo=UTC)
-    half = timedelta(seconds=svc.settings.observability.report_interval_seconds / 2)
-    if seen is not None and now - seen < half:
-        return
-    with svc.db.session() as s:
-        s.execute(
-            update(Worker)
-            .where(
-                Worker.id == worker.id,
-                or_(Worker.last_seen_at.is_(None), Worker.last_seen_at < now),
-            )
-            .values(last_seen_at=now)
-        )
-
-
 @observability_bp.post("/internal/workers/<worker_id>/<instance_id>/report")
 def report(worker_id: str, instance_id: str) -> Response:
     svc = services()
@@ -152,7 +128,7 @@ def report(worker_id: str, instance_id: str) -> Response:
             "stale_report",
             f"report {usage.sequence} is not newer than the one already stored",
         )
-    _touch_last_seen(svc, worker, datetime.fromtimestamp(now, UTC))
+    # Its arrival time, stored with it above, is the worker's heartbeat (store.last_reports).
     return jsonify({"accepted": True, "sequence": usage.sequence})
 
 

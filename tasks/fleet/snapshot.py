@@ -24,6 +24,7 @@ from app.fleet.planner import (
 )
 from app.fleet.service import queue_depths
 from app.models import LIVE_WORKER_STATES, Job, JobStatus, ProfileState, Worker, WorkerState
+from app.observability.store import last_reports
 from tasks.fleet.services import FleetServices
 from tasks.providers.base import Instance, ProviderError
 
@@ -49,6 +50,10 @@ def as_utc(value: datetime | None) -> datetime | None:
 
 def _utc(value: datetime) -> datetime:
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _latest(a: datetime | None, b: datetime | None) -> datetime | None:
+    return max((t for t in (a, b) if t is not None), default=None)
 
 
 def read_snapshot(svc: FleetServices, now: datetime) -> Snapshot:
@@ -92,6 +97,7 @@ def read_snapshot(svc: FleetServices, now: datetime) -> Snapshot:
         a.worker_id for a in active if a.status == JobStatus.RUNNING.value and a.worker_id
     }
     depths = queue_depths(svc.redis, [p.name for p in settings.profiles])
+    reported = last_reports(svc.redis, [w.id for w in rows])
     profiles = tuple(
         ProfileSnapshot(
             name=p.name,
@@ -120,7 +126,7 @@ def read_snapshot(svc: FleetServices, now: datetime) -> Snapshot:
             booted_at=as_utc(w.booted_at),
             ready_at=as_utc(w.ready_at),
             idle_since=as_utc(w.idle_since),
-            last_seen_at=as_utc(w.last_seen_at),
+            last_seen_at=_latest(as_utc(w.last_seen_at), reported.get(w.id)),
             error=w.error,
             delete_reason=w.delete_reason,
         )

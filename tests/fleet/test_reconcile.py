@@ -552,3 +552,32 @@ def test_an_idle_worker_that_got_work_since_the_plan_is_kept(make_fleet: MakeFle
         s.execute(update(Job).where(Job.id == job_id).values(status=JobStatus.SUCCEEDED.value))
     _teardown(fleet.svc, worker.id, "idle")
     assert live(fleet) == []
+
+
+def test_a_usage_report_in_redis_counts_as_the_heartbeat(make_fleet: MakeFleet) -> None:
+    """Reports refresh liveness in Redis only; the snapshot takes the later of both records."""
+    from datetime import timedelta
+
+    from app.observability.store import FRESHNESS_KEY
+    from tasks.fleet.snapshot import read_snapshot
+
+    fleet = make_fleet()
+    fleet.add_jobs(1)
+    fleet.reconcile()
+    fleet.reconcile(advance=5)
+    fleet.ready_all()
+    (worker,) = live(fleet)
+    old = fleet.clock() - timedelta(minutes=10)
+    with fleet.db.session() as s:
+        s.execute(update(Worker).where(Worker.id == worker.id).values(last_seen_at=old))
+    reported = fleet.clock() - timedelta(seconds=3)
+    fleet.svc.redis.hset(FRESHNESS_KEY, worker.id, reported.timestamp())
+    (seen,) = [
+        w for w in read_snapshot(fleet.svc, fleet.clock()).state.workers if w.id == worker.id
+    ]
+    assert seen.last_seen_at == reported
+    fleet.svc.redis.hdel(FRESHNESS_KEY, worker.id)
+    (seen,) = [
+        w for w in read_snapshot(fleet.svc, fleet.clock()).state.workers if w.id == worker.id
+    ]
+    assert seen.last_seen_at == old

@@ -38,9 +38,10 @@ def test_an_accepted_report_becomes_the_snapshot_and_a_heartbeat(obs: ObsEnv) ->
     assert snapshot.report["sequence"] == 1
     assert snapshot.report["gpu"]["devices"][0]["power_watts"] == {"value": 72.5, "reason": None}
     assert store.read_last_report(obs.redis, worker.id) == pytest.approx(snapshot.received_at)
-    with obs.db.session() as s:
-        row = s.get(Worker, worker.id)
-        assert row is not None and row.last_seen_at is not None
+    # The heartbeat the fleet reads: the report's arrival, from Redis (no database write).
+    seen = store.last_reports(obs.redis, [worker.id])[worker.id]
+    assert seen.timestamp() == pytest.approx(snapshot.received_at)
+    assert store.last_reports(obs.redis, ["wrk_never_reported"]) == {}
 
 
 def test_reporting_is_opt_in(obs: ObsEnv) -> None:
