@@ -42,11 +42,14 @@ class FleetRules:
     boot_timeout: timedelta
     # A worker still REQUESTED/CREATING after this was left behind by an interrupted reconcile.
     create_timeout: timedelta
-    # None when workers send no usage reports, so silence proves nothing.
+    # Silence (no report, no heartbeat) after which a worker is dead; None disables the rule.
     heartbeat_timeout: timedelta | None
     max_hourly_eur: float
     max_dispatch: int = 200
     max_provisions: int = 10
+    # A job still `dispatched` this long after its message was sent, while its profile's queue
+    # is empty, lost that message (a crash between commit and send): route it again.
+    lost_message_after: timedelta = timedelta(seconds=120)
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,7 @@ class ActiveJob:
     profile: str | None
     status: str  # "dispatched" | "running"
     worker_id: str | None = None
+    dispatched_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -283,7 +287,9 @@ def plan_fleet(state: FleetState) -> FleetPlan:
         t.dispatched += c.dispatched
         t.running += c.running
 
-    # 2. Re-route jobs that lost their worker, or whose profile has no live worker left.
+    # 2. Re-route jobs that lost their worker, whose profile has no live worker left, or whose
+    # message was lost.
+    depths = {p.name: p.queue_depth for p in state.profiles}
     requeues: list[Requeue] = []
     for j in state.active_jobs:
         if j.profile is None:
@@ -293,13 +299,20 @@ def plan_fleet(state: FleetState) -> FleetPlan:
             j.status == "running" and j.worker_id is not None and j.worker_id not in live_ids
         )
         no_worker = t.serving == 0 and (j.status == "dispatched" or j.worker_id is None)
-        if not (lost_worker or no_worker):
-            continue
-        reason = (
-            f"worker {j.worker_id} {dead.get(j.worker_id or '', 'is gone')}"
-            if lost_worker
-            else f"profile {j.profile} has no live worker"
+        lost_message = (
+            j.status == "dispatched"
+            and depths.get(j.profile) == 0
+            and j.dispatched_at is not None
+            and state.now - j.dispatched_at > rules.lost_message_after
         )
+        if not (lost_worker or no_worker or lost_message):
+            continue
+        if lost_worker:
+            reason = f"worker {j.worker_id} {dead.get(j.worker_id or '', 'is gone')}"
+        elif no_worker:
+            reason = f"profile {j.profile} has no live worker"
+        else:
+            reason = "its message is no longer on the queue"
         requeues.append(Requeue(j.id, j.profile, reason))
         if j.status == "running":
             t.running = max(0, t.running - 1)

@@ -87,7 +87,7 @@ def read_snapshot(svc: FleetServices, now: datetime) -> Snapshot:
             else []
         )
         active = s.execute(
-            select(Job.id, Job.profile, Job.status, Job.worker_id)
+            select(Job.id, Job.profile, Job.status, Job.worker_id, Job.dispatched_at)
             .where(Job.status.in_([JobStatus.DISPATCHED.value, JobStatus.RUNNING.value]))
             .order_by(Job.dispatched_at, Job.id)
             .limit(MAX_ACTIVE_JOBS)
@@ -172,7 +172,13 @@ def read_snapshot(svc: FleetServices, now: datetime) -> Snapshot:
         dispatchable=tuple(dispatchable),
         job_counts=_job_counts(counts),
         active_jobs=tuple(
-            ActiveJob(id=a.id, profile=a.profile, status=a.status, worker_id=a.worker_id)
+            ActiveJob(
+                id=a.id,
+                profile=a.profile,
+                status=a.status,
+                worker_id=a.worker_id,
+                dispatched_at=as_utc(a.dispatched_at),
+            )
             for a in active
         ),
     )

@@ -615,3 +615,25 @@ def test_random_states_never_break_the_bounds() -> None:
             assert added == 0 or live + added <= p.max_workers
             if added:
                 assert p.enabled and p.backoff_until is None
+
+
+@pytest.mark.parametrize(
+    ("depth", "sent_ago", "requeued"),
+    [
+        (0, 300, True),  # empty queue, long since sent: the message was lost
+        (0, 30, False),  # just sent: a worker may be about to claim it
+        (1, 300, False),  # still on the queue behind other work
+        (None, 300, False),  # queue depth unknown: no guess
+    ],
+)
+def test_a_dispatched_job_whose_message_was_lost_is_routed_again(
+    depth: int | None, sent_ago: float, requeued: bool
+) -> None:
+    case = Case(
+        "lost message",
+        [prof(A, queue_depth=depth)],
+        workers=[wkr("w1")],
+        counts=[JobCounts(A, dispatched=1)],
+        active=[ActiveJob("jx", A, "dispatched", None, dispatched_at=ago(sent_ago))],
+    )
+    assert ("requeue jx from a" in describe(plan_fleet(build(case)))) is requeued
