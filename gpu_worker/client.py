@@ -154,6 +154,10 @@ class ControlPlaneClient:
         body = self._post(f"/jobs/{quote(job_id, safe='')}/release", {}, retry=False)
         return bool(body.get("released", False))
 
+    def heartbeat(self) -> None:
+        """Say this worker process is alive (when usage reports, which also say so, are off)."""
+        self._post("/heartbeat", {}, retry=False)
+
     def post_report(self, report: Mapping[str, Any]) -> None:
         """Send a usage report (docs/observability.md); for the reporter thread."""
         self._post("/report", dict(report), retry=False)

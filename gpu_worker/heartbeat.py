@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from urllib.parse import quote
 
-import requests
-from pydantic import SecretStr
+from gpu_worker.client import ControlPlaneClient, ControlPlaneError
 
 log = logging.getLogger(__name__)
 
@@ -20,45 +18,22 @@ HEARTBEAT_TIMEOUT = (3.0, 5.0)  # connect, read: a heartbeat never waits long
 
 
 class Heartbeat:
-    def __init__(
-        self,
-        *,
-        control_url: str,
-        worker_id: str,
-        instance_id: str,
-        token: SecretStr,
-        interval_seconds: float,
-        session: requests.Session | None = None,
-    ) -> None:
-        self._url = (
-            f"{control_url.rstrip('/')}/internal/workers/"
-            f"{quote(worker_id, safe='')}/{quote(instance_id, safe='')}/heartbeat"
-        )
-        self._token = token
+    def __init__(self, client: ControlPlaneClient, interval_seconds: float) -> None:
+        # A client of its own: requests sessions are not shared across threads.
+        self._client = client
         self._interval = interval_seconds
-        self._session = session or requests.Session()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
         self.delivered = 0
 
     def beat(self) -> bool:
-        headers = {"Authorization": f"Bearer {self._token.get_secret_value()}"}
         try:
-            with self._session.post(
-                self._url,
-                json={},
-                headers=headers,
-                timeout=HEARTBEAT_TIMEOUT,
-                allow_redirects=False,
-            ) as response:
-                ok = response.status_code == 200
-                if not ok:
-                    log.warning("heartbeat refused: HTTP %d", response.status_code)
-        except requests.RequestException as exc:  # the URL is in requests' messages: type only
-            log.warning("heartbeat lost (%s)", type(exc).__name__)
-            ok = False
-        self.delivered += ok
-        return ok
+            self._client.heartbeat()
+        except ControlPlaneError as exc:  # its message names the path and status, no secret
+            log.warning("heartbeat lost: %s", exc)
+            return False
+        self.delivered += 1
+        return True
 
     def _run(self) -> None:
         while not self._stop.is_set():

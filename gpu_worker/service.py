@@ -23,7 +23,7 @@ from celery.signals import worker_shutting_down
 
 from gpu_worker.celery_app import make_celery
 from gpu_worker.client import ControlPlaneClient, ControlPlaneError, RuntimeMismatch
-from gpu_worker.heartbeat import Heartbeat
+from gpu_worker.heartbeat import HEARTBEAT_TIMEOUT, Heartbeat
 from gpu_worker.jobs import DrainDeadlineExceeded, JobContext, Outcome, process_job
 from gpu_worker.preflight import Preflight
 from gpu_worker.reporter import start_usage_reporter
@@ -92,13 +92,14 @@ def serve(preflight: Preflight, *, state: WorkerState | None = None, loglevel: s
     reporter = start_usage_reporter(profile, state)  # None when reporting is off
     heartbeat = None
     if reporter is None:  # without reports the fleet still needs to know this process lives
-        heartbeat = Heartbeat(
-            control_url=identity.control_url,
-            worker_id=identity.worker_id,
-            instance_id=identity.instance_id,
-            token=identity.token,
-            interval_seconds=profile.report_interval_seconds,
+        client = ControlPlaneClient(
+            identity.control_url,
+            identity.worker_id,
+            identity.instance_id,
+            identity.token,
+            timeout=HEARTBEAT_TIMEOUT,
         )
+        heartbeat = Heartbeat(client, profile.report_interval_seconds)
         heartbeat.start()
     try:
         return _serve(preflight, profile, identity, state, loglevel)

@@ -131,3 +131,25 @@ def test_heartbeat_marks_the_worker_seen_and_needs_its_credential(
     )
     assert other_instance.status_code == 403
     assert other_instance.get_json()["error"]["code"] == "unknown_worker"
+
+
+def test_the_worker_heartbeat_reaches_the_control_plane(live_api: Any) -> None:
+    from pydantic import SecretStr
+
+    from gpu_worker.client import ControlPlaneClient
+    from gpu_worker.heartbeat import Heartbeat
+
+    worker = add_worker(live_api.db, state=WorkerState.READY)
+    token = InstanceCredential.derive(SIGNING_KEY, worker.id, worker.instance_id or "").token
+
+    def beat(secret: str) -> bool:
+        client = ControlPlaneClient(
+            live_api.url, worker.id, worker.instance_id or "", SecretStr(secret)
+        )
+        return Heartbeat(client, interval_seconds=30).beat()
+
+    assert beat(token) is True
+    with live_api.db.reader() as s:
+        row = s.get(Worker, worker.id)
+        assert row is not None and row.last_seen_at is not None
+    assert beat("0" * 64) is False  # a forged credential is refused, and the thread goes on
