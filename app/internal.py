@@ -16,6 +16,7 @@ from app.auth import authenticate_worker
 from app.context import services
 from app.credentials import sign_audio_url, verify_audio_signature
 from app.errors import ApiError
+from app.fleet import readiness
 from app.jobs import service
 from app.models import Worker, utcnow
 
@@ -81,8 +82,6 @@ def _body(model: type[BaseModel]) -> Any:
 
 @internal_bp.post("/workers/<worker_id>/<instance_id>/ready")
 def worker_ready(worker_id: str, instance_id: str) -> Response:
-    from app.fleet import readiness
-
     worker = authenticate_worker(worker_id, instance_id)
     body: _Ready = _body(_Ready)
     svc = services()

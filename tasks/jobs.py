@@ -11,12 +11,13 @@ from typing import Any
 
 import requests
 from celery import Task
+from sqlalchemy import update
 
 from app.audio import probe_audio
 from app.db import rows_changed
 from app.errors import ApiError
 from app.jobs import service
-from app.models import JobStatus
+from app.models import Job, JobStatus
 from app.storage import LocalAudioStore
 from app.urls import check_url, pinned_session
 from tasks import context
@@ -101,10 +102,6 @@ def fetch_audio(job_id: str) -> None:
         return
     key = staged.name + ".audio"
     store.commit(staged, key)
-    from sqlalchemy import update
-
-    from app.models import Job
-
     with db.session() as s:
         moved = rows_changed(
             s,
@@ -186,9 +183,5 @@ def deliver_webhook(self: Task, job_id: str) -> None:
 
 
 def _set_webhook_status(job_id: str, status: str) -> None:
-    from sqlalchemy import update
-
-    from app.models import Job
-
     with context.database().session() as s:
         s.execute(update(Job).where(Job.id == job_id).values(webhook_status=status))

@@ -7,10 +7,11 @@ a second worker or a late cancel can never overwrite a finished job or store a t
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import redis
@@ -55,8 +56,6 @@ class JobRequest:
 
 def _as_utc(value: datetime | None) -> datetime | None:
     if value is not None and value.tzinfo is None:  # SQLite drops the zone
-        from datetime import UTC
-
         return value.replace(tzinfo=UTC)
     return value
 
@@ -464,16 +463,12 @@ def wait_until_finished(
 
 
 def cursor_encode(job: Job) -> str:
-    import base64
-
     created = _as_utc(job.created_at)
     raw = json.dumps([created.isoformat() if created else "", job.id])
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 
 def cursor_decode(value: str) -> tuple[datetime, str]:
-    import base64
-
     try:
         padded = value + "=" * (-len(value) % 4)
         created, job_id = json.loads(base64.urlsafe_b64decode(padded.encode()))
