@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, Engine, create_engine, event
+from sqlalchemy import CursorResult, Engine, Select, create_engine, event
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
 
@@ -97,6 +97,55 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+class RowReader:
+    """One SELECT, compiled once for the engine's dialect, run on a pooled DBAPI connection.
+
+    For the hottest reads only (every worker request authenticates with one): SQLAlchemy's
+    per-execution work (result metadata, events, an explicit BEGIN on SQLite) costs more
+    than the indexed lookup itself. Parameters are the statement's named `bindparam`s; the
+    result is the first row as a plain tuple, in the order of the selected columns.
+    """
+
+    def __init__(self, engine: Engine, statement: Select[*tuple[Any, ...]]) -> None:
+        compiled = statement.compile(dialect=engine.dialect)
+        self._engine = engine
+        self._sql = compiled.string
+        self._order = tuple(compiled.positiontup or ()) if compiled.positional else None
+        # The columns' own conversions (SQLite keeps datetimes as text, for one).
+        dialect = engine.dialect
+        self._convert = [
+            column.type.dialect_impl(dialect).result_processor(dialect, None)
+            for column in statement.selected_columns
+        ]
+
+    def first(self, **params: Any) -> tuple[Any, ...] | None:
+        values: Any = params if self._order is None else tuple(params[k] for k in self._order)
+        connection = self._engine.raw_connection()
+        driver = connection.driver_connection
+        # psycopg: one statement needs no transaction, and without one the pool's reset
+        # (a ROLLBACK) is skipped. SQLite connections here are in autocommit already.
+        manual = getattr(driver, "autocommit", None) is False
+        try:
+            if manual:
+                driver.autocommit = True  # type: ignore[union-attr]
+            cursor = connection.cursor()
+            try:
+                cursor.execute(self._sql, values)
+                row = cursor.fetchone()
+            finally:
+                cursor.close()
+        finally:
+            if manual:
+                driver.autocommit = False  # type: ignore[union-attr]
+            connection.close()  # back to the pool
+        if row is None:
+            return None
+        return tuple(
+            value if convert is None else convert(value)
+            for convert, value in zip(self._convert, row, strict=True)
+        )
 
 
 def rows_changed(session: Session, statement: Any) -> int:
