@@ -85,7 +85,8 @@ def baseline_app() -> Any:
 # --- set-up ----------------------------------------------------------------------------------
 
 
-def report_body(sequence: int) -> bytes:
+def report_body(sequence: int, seed: int = 0) -> bytes:
+    """A valid report; `seed` varies the readings, as a fleet's workers would differ."""
     reading = lambda v: {"value": v, "reason": None}  # noqa: E731
     return json.dumps(
         {
@@ -94,24 +95,24 @@ def report_body(sequence: int) -> bytes:
             "sequence": sequence,
             "state": "busy",
             "uptime_seconds": 1200.0,
-            "model_load_seconds": 3.2,
-            "transcriptions": {"succeeded": 40, "failed": 1},
-            "processing_seconds": 600.0,
-            "audio_seconds": 7200.0,
+            "model_load_seconds": 3.2 + (seed % 50) / 10,
+            "transcriptions": {"succeeded": 40 + seed, "failed": seed % 3},
+            "processing_seconds": 600.0 + seed * 1.7,
+            "audio_seconds": 7200.0 + seed * 13.3,
             "host": {
-                "cpu_utilization_ratio": reading(0.35),
-                "memory_used_bytes": reading(6.0e9),
+                "cpu_utilization_ratio": reading((seed % 97) / 97),
+                "memory_used_bytes": reading(6.0e9 + seed * 4096.0),
                 "memory_total_bytes": reading(3.2e10),
             },
             "gpu": {
                 "devices": [
                     {
                         "index": 0,
-                        "utilization_ratio": reading(0.8),
-                        "memory_used_bytes": reading(1.2e10),
+                        "utilization_ratio": reading((seed % 89) / 89),
+                        "memory_used_bytes": reading(1.2e10 + seed * 1_048_576.0),
                         "memory_total_bytes": reading(2.4e10),
-                        "temperature_celsius": reading(66.0),
-                        "power_watts": reading(61.5),
+                        "temperature_celsius": reading(40.0 + seed % 45),
+                        "power_watts": reading(61.5 + seed * 0.37),
                     }
                 ],
                 "reason": None,
@@ -452,8 +453,8 @@ def main() -> int:
         from app.observability.schema import UsageReport
         from app.observability.store import store_report
 
-        report = UsageReport.model_validate_json(report_body(1))
-        for worker_id, _, _ in scrape_workers:
+        for seed, (worker_id, _, _) in enumerate(scrape_workers):
+            report = UsageReport.model_validate_json(report_body(1, seed))
             store_report(
                 broker, worker_id, report, [], received_at=time.time(), interval_seconds=3600
             )

@@ -41,6 +41,10 @@ def encode_text(registry: Collector) -> bytes:
     output: list[str] = []
     append = output.append
     rendered: dict[tuple[tuple[str, str], ...], str] = {}
+    legal_labels: set[str] = set()
+    # Most values repeat within a scrape (0, 1, a state's 1.0, equal counters): each distinct
+    # value is formatted once.
+    formatted: dict[float | str, str] = {}
     for metric in registry.collect():
         name, kind = metric.name, metric.type
         if kind == "counter":
@@ -67,11 +71,20 @@ def encode_text(registry: Collector) -> bytes:
                 pairs = rendered.get(key)
                 if pairs is None:
                     for label in labels:
-                        _check_name(label, _LEGACY_LABEL)
+                        if label not in legal_labels:
+                            legal_labels.add(_check_name(label, _LEGACY_LABEL))
                     pairs = rendered[key] = ",".join(
                         [f'{k}="{_escape_value(v)}"' for k, v in sorted(labels.items())]
                     )
-                append(f"{sample.name}{{{pairs}}} {_format_value(sample.value)}\n")
             else:
-                append(f"{sample.name} {_format_value(sample.value)}\n")
+                pairs = None
+            # -0.0 == 0.0 but prints differently: zeros are keyed by their own text.
+            number = sample.value if sample.value else repr(sample.value)
+            value = formatted.get(number)
+            if value is None:
+                value = formatted[number] = _format_value(sample.value)
+            if pairs is None:
+                append(f"{sample.name} {value}\n")
+            else:
+                append(f"{sample.name}{{{pairs}}} {value}\n")
     return "".join(output).encode("utf-8")

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import update
 
@@ -363,6 +364,23 @@ def test_our_text_encoding_is_byte_for_byte_the_librarys(obs: ObsEnv) -> None:
     populate(obs)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(MurmurCollector(obs.settings, obs.db, obs.redis, clock=lambda: 1.9e9))
+    assert encode_text(registry) == generate_latest(registry)
+
+
+def test_values_formatted_once_per_scrape_still_print_as_the_library_prints_them() -> None:
+    """Equal values share one formatting, but -0.0, 0 and 0.0 or 1 and 1.0 keep their text."""
+    values = [0.0, -0.0, 0, 1, 1.0, True, 2.5e-07, 6e9, 6000000.0, float("nan"), float("inf")]
+    values += [-float("inf"), 123456789.0, 0.1 + 0.2, 0.30000000000000004, 1e21]
+
+    class Fixed:
+        def collect(self) -> list[GaugeMetricFamily]:
+            family = GaugeMetricFamily("murmur_probe", "Values.", labels=["worker"])
+            for index, value in enumerate(values * 2):  # each value twice: cached the second
+                family.add_metric([f"w{index}"], value)
+            return [family]
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Fixed())
     assert encode_text(registry) == generate_latest(registry)
 
 
