@@ -137,9 +137,11 @@ class RowReader:
             finally:
                 cursor.close()
         finally:
-            if manual:
-                driver.autocommit = False  # type: ignore[union-attr]
-            connection.close()  # back to the pool
+            try:
+                if manual:
+                    driver.autocommit = False  # type: ignore[union-attr]
+            finally:
+                connection.close()  # back to the pool, even from a broken connection
         if row is None:
             return None
         return tuple(
