@@ -10,14 +10,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from functools import wraps
 from typing import Any, TypeVar, cast
-from weakref import WeakKeyDictionary
 
 from flask import g, request
 from sqlalchemy import bindparam, select
 
 from app.context import services
 from app.credentials import constant_time_in, token_fingerprint, verify_instance_credential
-from app.db import Database, RowReader
 from app.errors import ApiError
 from app.models import LIVE_WORKER_STATES, Worker
 
@@ -100,7 +98,7 @@ def authenticate_worker(
         or not verify_instance_credential(key, worker_id, instance_id, token)
     ):
         raise _unauthorized("invalid worker credential")
-    row = _worker_reader(svc.db).first(worker_id=worker_id)
+    row = svc.db.row_reader(_WORKER_CALLER).first(worker_id=worker_id)
     if row is None or row[2] != instance_id:
         raise ApiError(403, "unknown_worker", "no such worker on this instance")
     caller = WorkerCaller(*row)
@@ -117,14 +115,3 @@ _WORKER_CALLER = select(
     Worker.first_job_at,
     Worker.last_seen_at,
 ).where(Worker.id == bindparam("worker_id"))
-
-
-def _worker_reader(db: Database) -> RowReader:
-    """The compiled read of a WorkerCaller, one per database (engines differ in dialect)."""
-    reader = _READERS.get(db)
-    if reader is None:
-        reader = _READERS[db] = RowReader(db.engine, _WORKER_CALLER)
-    return reader
-
-
-_READERS: WeakKeyDictionary[Database, RowReader] = WeakKeyDictionary()

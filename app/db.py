@@ -68,6 +68,7 @@ class Database:
         self.url = normalise_url(url)
         self.engine = make_engine(url)
         self._factory = sessionmaker(self.engine, expire_on_commit=False)
+        self._row_readers: dict[Select[*tuple[Any, ...]], RowReader] = {}
 
     @contextmanager
     def session(self) -> Iterator[Session]:
@@ -90,6 +91,13 @@ class Database:
             yield s
         finally:
             s.close()  # ends the transaction; loaded objects stay readable (not expired)
+
+    def row_reader(self, statement: Select[*tuple[Any, ...]]) -> RowReader:
+        """The RowReader of `statement` on this database, compiled at its first use."""
+        reader = self._row_readers.get(statement)
+        if reader is None:
+            reader = self._row_readers[statement] = RowReader(self.engine, statement)
+        return reader
 
     def ping(self) -> None:
         with self.engine.connect() as conn:

@@ -1,4 +1,4 @@
-"""RowReader: the compiled one-row read that authenticates every worker request."""
+"""Database.row_reader: the compiled one-row read that authenticates every worker request."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import bindparam, select, text
 
-from app.db import Database, RowReader
+from app.db import Database
 from app.models import Worker, utcnow
 from tests.conftest import add_worker
 
@@ -22,14 +22,15 @@ def test_a_row_comes_back_with_the_columns_own_types(database_url: str) -> None:
         seen = utcnow() - timedelta(seconds=5)
         with db.session() as s:
             s.get(Worker, worker.id).last_seen_at = seen  # type: ignore[union-attr]
-        row = RowReader(db.engine, _BY_ID).first(worker_id=worker.id)
+        row = db.row_reader(_BY_ID).first(worker_id=worker.id)
         assert row is not None
         instance_id, state, last_seen = row
         assert (instance_id, state) == (worker.instance_id, worker.state)
         # SQLite stores datetimes as text: the column's own conversion still applies.
         assert isinstance(last_seen, datetime)
         assert last_seen.replace(tzinfo=None) == seen.replace(tzinfo=None)
-        assert RowReader(db.engine, _BY_ID).first(worker_id="wrk_missing") is None
+        assert db.row_reader(_BY_ID).first(worker_id="wrk_missing") is None
+        assert db.row_reader(_BY_ID) is db.row_reader(_BY_ID)  # compiled once
     finally:
         db.dispose()
 
@@ -39,7 +40,7 @@ def test_a_read_leaves_the_pooled_connection_as_the_orm_expects_it(database_url:
     db = Database(database_url)
     try:
         worker = add_worker(db)
-        reader = RowReader(db.engine, _BY_ID)
+        reader = db.row_reader(_BY_ID)
         for _ in range(3):
             assert reader.first(worker_id=worker.id) is not None
         with db.engine.connect() as conn:
