@@ -35,7 +35,7 @@ from app.config import Settings
 from app.db import Database
 from app.models import FINISHED_STATES, Job, JobStatus, Worker, WorkerState
 from app.observability import store
-from app.observability.exposition import encode_text
+from app.observability.exposition import SeriesFamily, encode_text
 from app.observability.schema import MISSING_REASONS
 
 log = logging.getLogger(__name__)
@@ -421,72 +421,77 @@ class MurmurCollector:
     def _workers(
         self, workers: Sequence[Any], shared: store.SharedState, now: float
     ) -> Iterator[Metric]:
-        worker_labels = ["profile", "worker"]
-        age = GaugeMetricFamily(
+        worker_labels = ("profile", "worker")
+        age = SeriesFamily(
             "murmur_worker_report_age_seconds",
             "Seconds since the worker's last accepted usage report.",
-            labels=worker_labels,
+            "gauge",
+            worker_labels,
         )
-        state = GaugeMetricFamily(
+        state = SeriesFamily(
             "murmur_worker_reported_state",
             "1 for the state the worker reported last (starting|loading|ready|busy|draining).",
-            labels=[*worker_labels, "state"],
+            "gauge",
+            (*worker_labels, "state"),
         )
-        model_load = GaugeMetricFamily(
+        model_load = SeriesFamily(
             "murmur_worker_model_load_seconds",
             "How long the worker took to load its model.",
-            labels=worker_labels,
+            "gauge",
+            worker_labels,
         )
-        transcriptions = CounterMetricFamily(
+        transcriptions = SeriesFamily(
             "murmur_worker_transcriptions",
             "Transcriptions by this worker process and outcome (per process, best effort).",
-            labels=[*worker_labels, "outcome"],
+            "counter",
+            (*worker_labels, "outcome"),
         )
-        processing = CounterMetricFamily(
+        processing = SeriesFamily(
             "murmur_worker_processing_seconds",
             "Seconds this worker process spent on jobs (per process, best effort).",
-            labels=worker_labels,
+            "counter",
+            worker_labels,
         )
-        audio = CounterMetricFamily(
+        audio = SeriesFamily(
             "murmur_worker_audio_seconds",
             "Seconds of audio this worker process transcribed (per process, best effort).",
-            labels=worker_labels,
+            "counter",
+            worker_labels,
         )
         host = {
-            key: GaugeMetricFamily(name, doc, labels=worker_labels)
-            for key, name, doc in _HOST_FIELDS
+            key: SeriesFamily(name, doc, "gauge", worker_labels) for key, name, doc in _HOST_FIELDS
         }
-        gpu_labels = [*worker_labels, "gpu"]
-        gpus = {
-            key: GaugeMetricFamily(name, doc, labels=gpu_labels) for key, name, doc in _GPU_FIELDS
-        }
-        available = GaugeMetricFamily(
+        gpu_labels = (*worker_labels, "gpu")
+        gpus = {key: SeriesFamily(name, doc, "gauge", gpu_labels) for key, name, doc in _GPU_FIELDS}
+        available = SeriesFamily(
             "murmur_worker_gpu_telemetry_available",
             "1 when the worker's last report carried at least one GPU reading, else 0.",
-            labels=worker_labels,
+            "gauge",
+            worker_labels,
         )
-        missing_family = GaugeMetricFamily(
+        missing_family = SeriesFamily(
             "murmur_worker_readings_missing",
             "Readings missing from the worker's last report, by reason.",
-            labels=[*worker_labels, "reason"],
+            "gauge",
+            (*worker_labels, "reason"),
         )
         for w in workers:
-            labels = [w.profile, w.id]
+            labels = (w.profile, w.id)
             received = shared.last_report.get(w.id)
             if received is not None:
-                age.add_metric(labels, max(now - received, 0.0))
+                age.add(labels, max(now - received, 0.0))
             snapshot = shared.snapshots.get(w.id)
             if snapshot is None:
                 continue
             report = snapshot.report
-            state.add_metric([*labels, str(report["state"])], 1.0)
+            state.add((*labels, str(report["state"])), 1.0)
             if report.get("model_load_seconds") is not None:
-                model_load.add_metric(labels, float(report["model_load_seconds"]))
+                model_load.add(labels, float(report["model_load_seconds"]))
             done = report["transcriptions"]
-            transcriptions.add_metric([*labels, "succeeded"], float(done["succeeded"]))
-            transcriptions.add_metric([*labels, "failed"], float(done["failed"]))
-            processing.add_metric(labels, float(report["processing_seconds"]))
-            audio.add_metric(labels, float(report["audio_seconds"]))
+            transcriptions.add((*labels, "succeeded"), float(done["succeeded"]))
+            transcriptions.add((*labels, "failed"), float(done["failed"]))
+            processing.add(labels, float(report["processing_seconds"]))
+            audio.add(labels, float(report["audio_seconds"]))
             missing: Counter[str] = Counter()
             for key, family in host.items():
                 _reading(family, labels, report["host"][key], missing)
@@ -495,13 +500,13 @@ class MurmurCollector:
                 missing[str(gpu["reason"])] += 1
             any_gpu = False
             for device in gpu["devices"]:
-                device_labels = [*labels, str(int(device["index"]))]
+                device_labels = (*labels, str(int(device["index"])))
                 for key, family in gpus.items():
                     any_gpu |= _reading(family, device_labels, device[key], missing)
-            available.add_metric(labels, 1.0 if any_gpu else 0.0)
+            available.add(labels, 1.0 if any_gpu else 0.0)
             for reason in sorted(missing):
                 if reason in MISSING_REASONS:
-                    missing_family.add_metric([*labels, reason], float(missing[reason]))
+                    missing_family.add((*labels, reason), float(missing[reason]))
         yield from (age, state, model_load, transcriptions, processing, audio)
         yield from host.values()
         yield from gpus.values()
@@ -544,7 +549,7 @@ class MurmurCollector:
 
 
 def _reading(
-    family: GaugeMetricFamily, labels: list[str], reading: Any, missing: Counter[str]
+    family: SeriesFamily, labels: tuple[str, ...], reading: Any, missing: Counter[str]
 ) -> bool:
     """Add a reading's value; count its reason when it has none. True when it had a value."""
     value = reading.get("value") if isinstance(reading, dict) else None
@@ -552,7 +557,7 @@ def _reading(
         reason = reading.get("reason") if isinstance(reading, dict) else None
         missing[str(reason or "reading_failed")] += 1
         return False
-    family.add_metric(labels, float(value))
+    family.add(labels, float(value))
     return True
 
 
