@@ -20,7 +20,7 @@ from app.fleet.service import PLAN_KEY
 from app.models import Job, Worker, WorkerState, utcnow
 from app.observability import store
 from app.observability.collector import MurmurCollector
-from app.observability.exposition import encode_text
+from app.observability.exposition import SeriesFamily, encode_text
 from tests.conftest import (
     ADMIN_TOKEN,
     API_TOKEN,
@@ -382,6 +382,28 @@ def test_values_formatted_once_per_scrape_still_print_as_the_library_prints_them
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Fixed())
     assert encode_text(registry) == generate_latest(registry)
+
+
+def test_row_families_print_as_the_library_prints_their_samples() -> None:
+    """SeriesFamily rows (values needing escapes, a counter's _total) match generate_latest."""
+    gauge = SeriesFamily("murmur_probe_ratio", "A gauge.", "gauge", ("worker", "gpu"))
+    counter = SeriesFamily("murmur_probe_events", "A counter.", "counter", ("worker", "outcome"))
+    for worker in ("plain", 'quo"te', "back\\slash", "new\nline"):
+        gauge.add((worker, "0"), 0.25)
+        gauge.add((worker, "1"), -0.0)
+        counter.add((worker, "failed"), 3)
+
+    class Fixed:
+        def collect(self) -> list[SeriesFamily]:
+            return [gauge, counter]
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Fixed())
+    text = encode_text(registry)
+    assert text == generate_latest(registry)
+    assert b'murmur_probe_events_total{outcome="failed",worker="quo\\"te"} 3.0' in text
+    with pytest.raises(ValueError, match="labels"):
+        SeriesFamily("murmur_probe", "No labels.", "gauge", ())
 
 
 def test_every_api_process_serves_the_same_numbers(obs: ObsEnv) -> None:
