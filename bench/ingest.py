@@ -1,12 +1,15 @@
 """Usage-report ingestion and /metrics render time, through gunicorn, against baselines.
 
-1. Reports accepted per second: client processes with keep-alive connections post valid
-   reports (each a new sequence number) for WORKERS live workers to
-   POST /internal/workers/<w>/<i>/report. Baseline, same gunicorn settings and clients: a bare
-   Flask endpoint that stores the body in Redis. Murmur's path: the credential check and a
-   six-column read of the worker, strict validation, and one Redis script that orders the
-   report, stores the snapshot and records its arrival (the heartbeat; no database write).
-   Target: >= 2,000 reports/s.
+1. Reports accepted per second: client processes post valid reports (each a new sequence
+   number) for WORKERS live workers to POST /internal/workers/<w>/<i>/report, each report on
+   a new connection, as a fleet sends them: a worker reports every 30 s, and gunicorn closes
+   an idle connection after 2 s. (`--keep-alive` reuses 8 connections instead; gunicorn's
+   processes then split them unevenly, often all to one process, and the rate follows the
+   split rather than the code. Each round prints the busiest process's share of the CPU.)
+   Baseline, same gunicorn settings and clients: a bare Flask endpoint that stores the body
+   in Redis. Murmur's path: the credential check and a six-column read of the worker, strict
+   validation, and one Redis script that orders the report, stores the snapshot and records
+   its arrival (the heartbeat; no database write). Target: >= 2,000 reports/s.
 2. /metrics with 1,000 live workers that all reported (and JOBS rows in the jobs table):
    scrape latency over HTTP through gunicorn, and the render in-process. Baseline:
    prometheus_client's generate_latest on the same collector. Target: <= 100 ms.
@@ -23,6 +26,7 @@ import http.client
 import json
 import multiprocessing
 import os
+import platform
 import socket
 import statistics
 import subprocess
@@ -209,7 +213,7 @@ def _requests(port: int, mine: list[tuple[str, str, str]], first_sequence: int) 
 
 
 def _exchange(sock: socket.socket, requests: list[bytes], tally: dict[int, int]) -> None:
-    """Send each request on one keep-alive connection and read its response (Content-Length)."""
+    """Send each request on one connection and read its response (Content-Length)."""
     buffer = b""
     for request in requests:
         sock.sendall(request)
@@ -235,8 +239,9 @@ def _client_process(
     first_sequence: int,
     start: Any,
     out: Any,
+    keep_alive: bool,
 ) -> None:
-    """THREADS_PER_CLIENT keep-alive connections, each reporting for its share of workers.
+    """THREADS_PER_CLIENT threads, each reporting for its share of workers, one at a time.
 
     Requests are encoded up front and sent over raw sockets: the clients share the cores
     with gunicorn, and an HTTP library's per-request work would be measured as the server's.
@@ -245,11 +250,23 @@ def _client_process(
     counts: list[dict[int, int]] = [{} for _ in share]
     prepared = [_requests(port, mine, first_sequence) for mine in share]
 
+    def connect() -> socket.socket:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.settimeout(30)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.connect(("127.0.0.1", port))
+        return sock
+
     def run(index: int) -> None:
-        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            start.wait()
-            _exchange(sock, prepared[index], counts[index])
+        if keep_alive:
+            with connect() as sock:
+                start.wait()
+                _exchange(sock, prepared[index], counts[index])
+            return
+        start.wait()
+        for request in prepared[index]:
+            with connect() as sock:
+                _exchange(sock, [request], counts[index])
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(THREADS_PER_CLIENT)]
     for t in threads:
@@ -284,24 +301,31 @@ class Round:
     rate: float  # accepted reports per second
     server_us: float  # gunicorn CPU (all processes) per report, microseconds
     redis_us: float
+    busiest: float  # the busiest gunicorn worker process's share of gunicorn's CPU
 
 
 def load(
-    port: int, server: subprocess.Popen[bytes], workers: list[tuple[str, str, str]], first: int
+    port: int,
+    server: subprocess.Popen[bytes],
+    workers: list[tuple[str, str, str]],
+    first: int,
+    keep_alive: bool = False,
 ) -> Round:
     """Accepted (200) reports per second from all client processes, and CPU per report."""
     ctx = multiprocessing.get_context("fork")
     start, out = ctx.Event(), ctx.Queue()
     shares = [workers[i::CLIENT_PROCESSES] for i in range(CLIENT_PROCESSES)]
     procs = [
-        ctx.Process(target=_client_process, args=(port, share, first, start, out))
+        ctx.Process(target=_client_process, args=(port, share, first, start, out, keep_alive))
         for share in shares
     ]
     for p in procs:
         p.start()
     time.sleep(1.0)  # requests encoded, connections made, threads waiting
-    gunicorn_procs = [psutil.Process(server.pid), *psutil.Process(server.pid).children()]
+    children = psutil.Process(server.pid).children()
+    gunicorn_procs = [psutil.Process(server.pid), *children]
     redis_procs = _redis_server()
+    per_child = [_cpu_seconds([child]) for child in children]
     cpu_before = _cpu_seconds(gunicorn_procs), _cpu_seconds(redis_procs)
     started = time.perf_counter()
     start.set()
@@ -311,6 +335,9 @@ def load(
             totals[status] = totals.get(status, 0) + n
     elapsed = time.perf_counter() - started
     cpu_after = _cpu_seconds(gunicorn_procs), _cpu_seconds(redis_procs)
+    per_child = [
+        _cpu_seconds([child]) - before for child, before in zip(children, per_child, strict=True)
+    ]
     for p in procs:
         p.join()
     expected = CLIENT_PROCESSES * THREADS_PER_CLIENT * REPORTS_PER_THREAD
@@ -320,6 +347,7 @@ def load(
         rate=expected / elapsed,
         server_us=(cpu_after[0] - cpu_before[0]) / expected * 1e6,
         redis_us=(cpu_after[1] - cpu_before[1]) / expected * 1e6,
+        busiest=max(per_child) / max(sum(per_child), 1e-9),
     )
 
 
@@ -363,14 +391,17 @@ def in_process_render(env: dict[str, str]) -> tuple[list[float], list[float], in
     return ours, library, size
 
 
-def print_ingest(database_url: str, rounds: dict[str, list[Round]]) -> None:
+def print_ingest(database_url: str, rounds: dict[str, list[Round]], keep_alive: bool) -> None:
     requests_per_round = CLIENT_PROCESSES * THREADS_PER_CLIENT * REPORTS_PER_THREAD
+    connections = "keep-alive connections" if keep_alive else "threads, a connection per report"
     print(
         f"machine: {os.cpu_count()} cores shared by gunicorn ({GUNICORN_WORKERS} workers x "
         f"{GUNICORN_THREADS} threads, gthread), Redis, and {CLIENT_PROCESSES} client processes "
-        f"x {THREADS_PER_CLIENT} keep-alive connections; load average now "
-        f"{os.getloadavg()[0]:.2f}"
+        f"x {THREADS_PER_CLIENT} {connections}; load average now {os.getloadavg()[0]:.2f}"
     )
+    # The interpreter's build moves every figure: a CPython built without PGO/LTO (pyenv's
+    # default) runs this code markedly slower than the python:3.11-slim image the API ships in.
+    print(f"python: {platform.python_version()} at {sys.executable}")
     print(
         f"database: {database_url.split(':', 1)[0]}, {WORKERS} reporting workers, "
         f"{requests_per_round} reports x {len(rounds['steady'])} rounds"
@@ -383,9 +414,11 @@ def print_ingest(database_url: str, rounds: dict[str, list[Round]]) -> None:
         rs = rounds[name]
         server = statistics.median(r.server_us for r in rs)
         redis_cpu = statistics.median(r.redis_us for r in rs)
+        busiest = max(r.busiest for r in rs)
         print(
             f"{label:30} {rate[name]:6.0f} reports/s  rounds {[round(r.rate) for r in rs]}; "
-            f"CPU per report: gunicorn {server:4.0f} us, redis-server {redis_cpu:3.0f} us"
+            f"CPU per report: gunicorn {server:4.0f} us, redis-server {redis_cpu:3.0f} us; "
+            f"busiest process {busiest:.0%}"
         )
     print(f"ratio murmur/baseline: {rate['steady'] / rate['baseline']:.2f}")
     print(f"target >= 2000 reports/s: {'met' if rate['steady'] >= 2000 else 'NOT met'}")
@@ -397,6 +430,11 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=10_000, help="rows in the jobs table")
     parser.add_argument("--rounds", type=int, default=ROUNDS, help="ingestion rounds per app")
     parser.add_argument("--skip-metrics", action="store_true", help="ingestion only")
+    parser.add_argument(
+        "--keep-alive",
+        action="store_true",
+        help="reuse one connection per client thread instead of one per report",
+    )
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     from app.migrate import upgrade
@@ -441,10 +479,12 @@ def main() -> int:
         sequence = 0
         for _ in range(args.rounds):  # alternate, so load from elsewhere hits all alike
             for name in ("baseline", "steady"):
-                rounds[name].append(load(ports[name], servers[name], workers, sequence))
+                rounds[name].append(
+                    load(ports[name], servers[name], workers, sequence, args.keep_alive)
+                )
                 # Every round uses new sequence numbers: no report is a stale repeat.
                 sequence += REPORTS_PER_THREAD * THREADS_PER_CLIENT * CLIENT_PROCESSES
-        print_ingest(database_url, rounds)
+        print_ingest(database_url, rounds, args.keep_alive)
         if args.skip_metrics:
             return 0
         # /metrics: 1,000 live workers that all reported, and a jobs table.
