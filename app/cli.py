@@ -15,7 +15,7 @@ import click
 import requests
 from tqdm import tqdm
 
-from app.config import ConfigError, check_settings, load_settings
+from app.config import ConfigError, check_settings, credential_problems, load_settings
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -79,6 +79,12 @@ def db_upgrade(revision: str) -> None:
 def api(workers: int, threads: int) -> None:
     """Serve the API under gunicorn on MURMUR_HOST:MURMUR_PORT."""
     settings = load_settings()
+    problems = credential_problems(settings)
+    if problems:  # a short or shared token must stop the API, not weaken it
+        click.echo(f"cannot start the API: {len(problems)} problem(s):", err=True)
+        for problem in problems:
+            click.echo(f"  - {problem}", err=True)
+        sys.exit(1)
     bind = f"{settings.api.host}:{settings.api.port}"
     args = [
         "gunicorn",

@@ -317,6 +317,58 @@ def _remote_worker_problems(settings: Settings) -> list[str]:
     return problems
 
 
+def credential_problems(settings: Settings) -> list[str]:
+    """What is wrong with the control plane's own secrets: missing, too short, or shared.
+
+    `murmur api` refuses to start on any of these; `check_settings` includes them.
+    """
+    problems: list[str] = []
+    if not settings.api_tokens:
+        problems.append("MURMUR_API_TOKEN: not set (comma-separated bearer tokens)")
+    if not settings.signing_key:
+        problems.append("MURMUR_SIGNING_KEY: not set (signs worker credentials and URLs)")
+    for name in ("signing_key", "scrape_token", "admin_token", "webhook_secret"):
+        value = settings.reveal(name)
+        if value and len(value) < MIN_SECRET_LENGTH:
+            problems.append(f"{_SECRET_ENV[name]}: must be at least {MIN_SECRET_LENGTH} characters")
+    secrets = _credentials(settings)
+    names = list(secrets)
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            if secrets[a] & secrets[b]:
+                problems.append(f"{a} and {b} must be different credentials")
+    if settings.observability.enabled and not settings.scrape_token:
+        problems.append("MURMUR_SCRAPE_TOKEN: required when observability is enabled")
+    return problems
+
+
+def scrape_token_problem(settings: Settings) -> str | None:
+    """Why the configured scrape token cannot guard /metrics, or None (unset counts as fine).
+
+    The API also checks this at each scrape, so an app started without `murmur api`'s checks
+    (gunicorn 'app:create_app()') still never accepts a short or shared scrape token.
+    """
+    token = settings.reveal("scrape_token")
+    if not token:
+        return None
+    if len(token) < MIN_SECRET_LENGTH:
+        return f"MURMUR_SCRAPE_TOKEN: must be at least {MIN_SECRET_LENGTH} characters"
+    for name, values in _credentials(settings).items():
+        if name != "MURMUR_SCRAPE_TOKEN" and token in values:
+            return f"MURMUR_SCRAPE_TOKEN and {name} must be different credentials"
+    return None
+
+
+def _credentials(settings: Settings) -> dict[str, set[str]]:
+    """The secrets that must all differ, by the variable that sets them."""
+    return {
+        "MURMUR_API_TOKEN": {t.get_secret_value() for t in settings.api_tokens},
+        "MURMUR_SIGNING_KEY": {settings.reveal("signing_key")} - {""},
+        "MURMUR_SCRAPE_TOKEN": {settings.reveal("scrape_token")} - {""},
+        "MURMUR_ADMIN_TOKEN": {settings.reveal("admin_token")} - {""},
+    }
+
+
 def check_settings(settings: Settings, *, role: str = "control") -> list[str]:
     """Every problem that stops this configuration from running safely (empty = fine)."""
     problems: list[str] = []
@@ -381,29 +433,7 @@ def check_settings(settings: Settings, *, role: str = "control") -> list[str]:
                     f"not in the profile's zone {p.zone}"
                 )
     if role == "control":
-        if not settings.api_tokens:
-            problems.append("MURMUR_API_TOKEN: not set (comma-separated bearer tokens)")
-        if not settings.signing_key:
-            problems.append("MURMUR_SIGNING_KEY: not set (signs worker credentials and URLs)")
-        for name in ("signing_key", "scrape_token", "admin_token", "webhook_secret"):
-            value = settings.reveal(name)
-            if value and len(value) < MIN_SECRET_LENGTH:
-                problems.append(
-                    f"{_SECRET_ENV[name]}: must be at least {MIN_SECRET_LENGTH} characters"
-                )
-        secrets = {
-            "MURMUR_API_TOKEN": {t.get_secret_value() for t in settings.api_tokens},
-            "MURMUR_SIGNING_KEY": {settings.reveal("signing_key")} - {""},
-            "MURMUR_SCRAPE_TOKEN": {settings.reveal("scrape_token")} - {""},
-            "MURMUR_ADMIN_TOKEN": {settings.reveal("admin_token")} - {""},
-        }
-        names = list(secrets)
-        for i, a in enumerate(names):
-            for b in names[i + 1 :]:
-                if secrets[a] & secrets[b]:
-                    problems.append(f"{a} and {b} must be different credentials")
-        if settings.observability.enabled and not settings.scrape_token:
-            problems.append("MURMUR_SCRAPE_TOKEN: required when observability is enabled")
+        problems += credential_problems(settings)
         if any(p.provider == "scaleway" and p.enabled for p in settings.profiles):
             problems += _remote_worker_problems(settings)
             for name in ("scaleway_access_key", "scaleway_secret_key"):

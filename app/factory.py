@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import logging
+
 import redis
 from celery import Celery
 from flask import Flask
 
-from app.config import Settings, load_settings
+from app.config import Settings, load_settings, scrape_token_problem
 from app.context import Services
 from app.db import Database
 from app.errors import register_error_handlers
 from app.storage import LocalAudioStore
+
+log = logging.getLogger(__name__)
 
 # Room for multipart framing and form fields around a file of the maximum size.
 _MULTIPART_OVERHEAD = 64 * 1024
@@ -35,6 +39,9 @@ def create_app(
         storage=LocalAudioStore(settings.storage_path),
     )
     register_error_handlers(app)
+    problem = scrape_token_problem(settings)
+    if problem is not None:  # names the rule, never the token
+        log.warning("/metrics stays disabled: %s", problem)
 
     from app.fleet.views import fleet_bp
     from app.health import health_bp

@@ -84,3 +84,16 @@ def test_validate_config_accepts_the_embedded_defaults() -> None:
     result = murmur(["validate-config"], env, timeout=30)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "configuration OK: 1 profile(s): local-cpu"
+
+
+def test_the_api_refuses_to_start_with_a_short_or_shared_scrape_token() -> None:
+    base = {"PATH": "/usr/bin:/bin", "MURMUR_API_TOKEN": API_TOKEN, "MURMUR_SIGNING_KEY": "k" * 40}
+    for scrape, rule in (
+        ("scrape-me", "MURMUR_SCRAPE_TOKEN: must be at least 32 characters"),
+        (API_TOKEN, "MURMUR_API_TOKEN and MURMUR_SCRAPE_TOKEN must be different credentials"),
+    ):
+        # Exits before gunicorn would start: nothing binds a port.
+        result = murmur(["api"], {**base, "MURMUR_SCRAPE_TOKEN": scrape}, timeout=30)
+        assert result.returncode == 1
+        assert rule in result.stderr
+        assert scrape not in result.stderr.replace(rule, "")

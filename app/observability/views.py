@@ -16,6 +16,7 @@ from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4
 from pydantic import ValidationError
 
 from app.auth import authenticate_worker, bearer_token, require_admin_token
+from app.config import scrape_token_problem
 from app.context import Services, services
 from app.credentials import constant_time_in
 from app.errors import ApiError
@@ -139,6 +140,13 @@ def metrics() -> Response:
     if not expected:
         raise ApiError(
             404, "metrics_disabled", "/metrics is disabled: MURMUR_SCRAPE_TOKEN is not set"
+        )
+    if scrape_token_problem(svc.settings) is not None:
+        # Which rule it breaks is for the operator (logged at start-up), not for any caller.
+        raise ApiError(
+            404,
+            "metrics_disabled",
+            "/metrics is disabled: MURMUR_SCRAPE_TOKEN is unusable (see `murmur validate-config`)",
         )
     token = bearer_token()
     if token is None or constant_time_in(token, [expected]) is None:

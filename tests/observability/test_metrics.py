@@ -79,6 +79,21 @@ def test_metrics_are_off_without_a_scrape_token(obs: ObsEnv) -> None:
     assert response.get_json()["error"]["code"] == "metrics_disabled"
 
 
+@pytest.mark.parametrize(
+    "scrape_token",
+    ["too-short-scrape-token", API_TOKEN, ADMIN_TOKEN],
+    ids=["short", "an API token", "the admin token"],
+)
+def test_a_short_or_shared_scrape_token_keeps_metrics_off(obs: ObsEnv, scrape_token: str) -> None:
+    # An app started without `murmur api`'s checks (gunicorn 'app:create_app()') must not
+    # let such a token in either, even when it is presented exactly.
+    weak = obs.with_settings(MURMUR_SCRAPE_TOKEN=scrape_token)
+    response = weak.client.get("/metrics", headers=scrape_headers(scrape_token))
+    assert response.status_code == 404
+    assert response.get_json()["error"]["code"] == "metrics_disabled"
+    assert scrape_token not in response.get_data(as_text=True)
+
+
 def test_metrics_need_the_scrape_token_and_nothing_else(obs: ObsEnv) -> None:
     worker = live_worker(obs.db)
     for token in (None, "x" * 40, API_TOKEN, ADMIN_TOKEN, credential(worker)):
