@@ -10,7 +10,6 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify, request, send_file
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from sqlalchemy import update
 
 from app.auth import authenticate_worker
 from app.context import services
@@ -143,8 +142,7 @@ def release(worker_id: str, instance_id: str, job_id: str) -> Response:
 def heartbeat(worker_id: str, instance_id: str) -> Response:
     """Liveness without usage reports: the fleet deletes workers silent for 3 intervals."""
     worker = authenticate_worker(worker_id, instance_id)
-    with services().db.session() as s:
-        s.execute(update(Worker).where(Worker.id == worker.id).values(last_seen_at=utcnow()))
+    service.record_heartbeat(services().db, worker.id)
     return jsonify({"ok": True})
 
 

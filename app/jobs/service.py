@@ -342,6 +342,12 @@ def claim_job(db: Database, job_id: str, worker: WorkerCaller, max_attempts: int
     return Claim(get_job(db, job_id))
 
 
+def record_heartbeat(db: Database, worker_id: str) -> None:
+    """The worker was heard from: the fleet deletes workers silent for 3 report intervals."""
+    with db.session() as s:
+        s.execute(update(Worker).where(Worker.id == worker_id).values(last_seen_at=utcnow()))
+
+
 def release_job(db: Database, job_id: str, worker_id: str) -> bool:
     """A draining worker hands a running job back: it becomes claimable by the next worker."""
     with db.session() as s:

@@ -20,6 +20,7 @@ from app.config import scrape_token_problem
 from app.context import Services, services
 from app.credentials import constant_time_in
 from app.errors import ApiError
+from app.jobs import service
 from app.models import Worker
 from app.observability import store
 from app.observability.collector import LIFECYCLE_PHASES, render_metrics
@@ -89,6 +90,27 @@ def _parse(svc: Services, raw: bytes) -> UsageReport:
 @observability_bp.post("/internal/workers/<worker_id>/<instance_id>/report")
 def report(worker_id: str, instance_id: str) -> Response:
     svc = services()
+    # Identity first: it needs no body, and it decides whether a refusal still shows that a
+    # live worker is there.
+    try:
+        worker = authenticate_worker(worker_id, instance_id)
+    except ApiError as err:
+        reason = _AUTH_REASONS.get(err.code, "unauthorized")
+        if reason == "worker_retired":
+            # Its series must not outlive it; its log tail stays for diagnosis (24 h).
+            store.forget_worker(svc.redis, worker_id, keep_log=True)
+        raise _reject(svc, reason, err) from None
+    try:
+        return _accept(svc, worker.id)
+    except ApiError:
+        # Refused (reporting switched off here, a body too large or invalid, a repeat), but
+        # sent by a live worker: with reporting on, reports are its only heartbeat, and the
+        # fleet deletes workers silent for 3 intervals.
+        service.record_heartbeat(svc.db, worker.id)
+        raise
+
+
+def _accept(svc: Services, worker_id: str) -> Response:
     if not svc.settings.observability.enabled:
         raise _reject(
             svc,
@@ -102,14 +124,6 @@ def report(worker_id: str, instance_id: str) -> Response:
     # Before anything is read: a declared length over the cap is refused unread.
     if request.content_length is not None and request.content_length > MAX_REPORT_BYTES:
         raise _too_large(svc)
-    try:
-        worker = authenticate_worker(worker_id, instance_id)
-    except ApiError as err:
-        reason = _AUTH_REASONS.get(err.code, "unauthorized")
-        if reason == "worker_retired":
-            # Its series must not outlive it; its log tail stays for diagnosis (24 h).
-            store.forget_worker(svc.redis, worker_id, keep_log=True)
-        raise _reject(svc, reason, err) from None
     usage = _parse(svc, _read_bounded(svc))
     # The worker redacted its lines already; this is the control plane's own pass.
     presented = bearer_token() or ""
@@ -117,7 +131,7 @@ def report(worker_id: str, instance_id: str) -> Response:
     now = time.time()
     accepted = store.store_report(
         svc.redis,
-        worker.id,
+        worker_id,
         usage,
         lines,
         received_at=now,

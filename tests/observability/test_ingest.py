@@ -108,6 +108,42 @@ def test_a_retired_worker_is_refused_and_its_series_dropped(obs: ObsEnv) -> None
     assert rejections(obs)["worker_retired"] == 1
 
 
+def last_seen(obs: ObsEnv, worker: Worker) -> Any:
+    with obs.db.session() as s:
+        row = s.get(Worker, worker.id)
+        assert row is not None
+        return row.last_seen_at
+
+
+def test_a_refused_report_from_a_live_worker_still_counts_as_alive(obs: ObsEnv) -> None:
+    # With reporting on, reports are a worker's only heartbeat; a control plane that switched
+    # reporting off, or refuses a report, must not get busy workers deleted as silent.
+    off = obs.with_settings(MURMUR_OBSERVABILITY_ENABLED="0")
+    worker = live_worker(off.db)
+    assert last_seen(off, worker) is None
+    response = post_report(off.client, worker, make_report(1))
+    assert response.status_code == 404
+    assert response.get_json()["error"]["code"] == "reporting_disabled"
+    first = last_seen(off, worker)
+    assert first is not None
+
+    invalid = post_report(obs.client, worker, {**make_report(2), "job_id": "job_1"})
+    assert invalid.status_code == 400
+    assert last_seen(obs, worker) > first
+    # The usage series only move with an accepted report.
+    assert store.read_snapshot(obs.redis, worker.id) is None
+    assert store.read_last_report(obs.redis, worker.id) is None
+
+
+def test_a_refusal_before_identity_records_nothing(obs: ObsEnv) -> None:
+    off = obs.with_settings(MURMUR_OBSERVABILITY_ENABLED="0")
+    worker = live_worker(off.db)
+    forged = post_report(off.client, worker, make_report(1), headers={"Authorization": "Bearer x"})
+    assert forged.status_code == 401
+    assert last_seen(off, worker) is None
+    assert rejections(off) == {"unauthorized": 1}
+
+
 def _bad_reading_body() -> dict[str, Any]:
     body = make_report(1)
     body["host"]["cpu_utilization_ratio"] = {"value": 0.5, "reason": "warming_up"}
