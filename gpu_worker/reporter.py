@@ -9,6 +9,7 @@ token or any URL. The body is described in docs/observability.md.
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import threading
@@ -36,9 +37,12 @@ REPORTED_STATES = ("starting", "loading", "ready", "busy", "draining")
 # pile up behind each other.
 REPORT_TIMEOUT = (3.0, 5.0)
 JITTER = 0.1  # ±10 %: a fleet started together does not report in lock-step
-# Log lines per report; with ~400-character lines this keeps a report far below the
-# control plane's body cap.
+# Log lines per report, and the bytes they may take: the control plane refuses a report over
+# 64 KiB, and JSON writes each non-ASCII character as a 6-byte escape, so 50 lines of 400
+# such characters would be 120 KB; refused, and never acknowledged, they would block every
+# later report. Lines left out go with the next report.
 MAX_LOG_LINES_PER_REPORT = 50
+MAX_LOG_BYTES_PER_REPORT = 32 * 1024
 
 
 class ProcessState(Protocol):
@@ -141,11 +145,20 @@ class UsageReporter:
             "gpu": self._gpus.sample().to_json(),
         }
         if self._log_tail is not None:
-            report["log"] = [
-                line.to_json()
-                for line in self._log_tail.since(self._log_acked, MAX_LOG_LINES_PER_REPORT)
-            ]
+            report["log"] = self._log_lines(self._log_tail)
         return report
+
+    def _log_lines(self, tail: LogTail) -> list[dict[str, Any]]:
+        """The unacknowledged lines, oldest first, within the report's byte budget."""
+        lines: list[dict[str, Any]] = []
+        size = 0
+        for line in tail.since(self._log_acked, MAX_LOG_LINES_PER_REPORT):
+            item = line.to_json()
+            size += len(json.dumps(item)) + 1  # as requests encodes it, with its comma
+            if size > MAX_LOG_BYTES_PER_REPORT and lines:
+                break
+            lines.append(item)
+        return lines
 
     def send_once(self) -> bool:
         """Build and post one report; True when the control plane accepted it."""

@@ -19,6 +19,7 @@ from pydantic import SecretStr
 
 import gpu_worker  # noqa: F401  (offline model loading, before faster-whisper is imported)
 from app.observability.schema import UsageReport
+from app.observability.views import MAX_REPORT_BYTES
 from gpu_worker.client import ClaimedJob
 from gpu_worker.jobs import JobContext, Outcome, process_job
 from gpu_worker.reporter import UsageReporter, start_usage_reporter
@@ -306,6 +307,34 @@ def test_log_lines_are_sent_until_a_report_carrying_them_is_accepted(
     assert [line["number"] for line in accepted["log"]] == [1, 2]
     assert after["log"] == []
     assert accepted["log"][1]["text"].endswith("INFO test.observability.reporter: second")
+
+
+def test_log_lines_that_would_pass_the_body_cap_wait_for_the_next_report(
+    control_plane: tuple[ControlPlaneDouble, str],
+) -> None:
+    double, url = control_plane
+    tail = LogTail()
+    logger = logging.getLogger("test.observability.reporter.wide")
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    logger.addHandler(tail)
+    try:
+        reporter = make_reporter(url, WorkerState(), log_tail=tail)
+        for n in range(50):
+            # Non-ASCII text (in the template: an argument that long would be masked), each
+            # character a 6-byte escape in the JSON sent.
+            logger.info(f"{n:02d} " + "é" * 380)  # noqa: G003, G004
+        for _ in range(4):
+            assert reporter.send_once()
+    finally:
+        logger.removeHandler(tail)
+    with double.lock:
+        sizes = [len(r["body"]) for r in double.requests]
+    assert all(size <= MAX_REPORT_BYTES for size in sizes), sizes
+    numbers = [[line["number"] for line in body["log"]] for body in double.bodies()]
+    assert 0 < len(numbers[0]) < 50
+    # Every line arrives once, in order, over the following reports.
+    assert [n for batch in numbers for n in batch] == list(range(1, 51))
 
 
 @dataclass(frozen=True)
