@@ -35,7 +35,7 @@ lint: install
 ## flower: Celery's web UI on 127.0.0.1:5555, basic auth from MURMUR_FLOWER_AUTH (user:password)
 flower: install
 	@test -n "$$MURMUR_FLOWER_AUTH" || { echo "set MURMUR_FLOWER_AUTH=user:password" >&2; exit 1; }
-	$(VENV)/bin/celery -A tasks flower --address=127.0.0.1 --port=5555 --basic-auth="$$MURMUR_FLOWER_AUTH"
+	FLOWER_BASIC_AUTH="$$MURMUR_FLOWER_AUTH" $(VENV)/bin/celery -A tasks flower --address=127.0.0.1 --port=5555
 
 bench: install
 	$(PY) bench/pipeline_overhead.py

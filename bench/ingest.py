@@ -57,14 +57,10 @@ REDIS_URL = os.environ.get("MURMUR_BENCH_REDIS_URL", "redis://127.0.0.1:6379/10"
 
 
 def observability_app() -> Any:
-    """Murmur's app, with the observability blueprint mounted if the factory does not yet."""
+    """Murmur's app as `murmur api` serves it."""
     from app import create_app
-    from app.observability.views import observability_bp
 
-    app = create_app()
-    if "observability" not in app.blueprints:
-        app.register_blueprint(observability_bp)
-    return app
+    return create_app()
 
 
 def baseline_app() -> Any:

@@ -1,8 +1,8 @@
 """What this worker process is doing and has done: the seam a usage reporter reads from.
 
-The job path and the service write to one `WorkerState`; a reporter thread (not part of this
-package yet) calls `snapshot()` every MURMUR_REPORT_INTERVAL seconds and posts it. All
-methods are thread-safe.
+The job path and the service write to one `WorkerState`; the usage reporter
+(gpu_worker/reporter.py) calls `snapshot()` every report interval and posts it. All methods
+are thread-safe.
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ from tasks.providers.base import (
 
 log = logging.getLogger("murmur.fleet")
 
-# How each provider error is counted in murmur_fleet_provision_attempts (app.observability).
+# How each provider error is counted in murmur_provision_attempts_total (app.observability).
 _OUTCOMES: tuple[tuple[type[ProviderError], str], ...] = (
     (OutOfStock, "out_of_stock"),
     (QuotaExceeded, "quota_exceeded"),

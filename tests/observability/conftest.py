@@ -17,7 +17,6 @@ from app.config import Settings
 from app.credentials import InstanceCredential
 from app.db import Database
 from app.models import Worker, WorkerState
-from app.observability.views import observability_bp
 from tests.conftest import REDIS_URL, SIGNING_KEY, add_worker, make_settings
 
 SCRAPE_TOKEN = "test-scrape-token-" + "f" * 32
@@ -61,9 +60,7 @@ def observability_settings(
 
 def build_app(settings: Settings, db: Database) -> Flask:
     app = create_app(settings, db=db)
-    # Until the factory registers it, the tests mount the blueprint themselves.
-    if "observability" not in app.blueprints:
-        app.register_blueprint(observability_bp)
+    assert "observability" in app.blueprints, "the factory mounts the observability blueprint"
     return app
 
 
