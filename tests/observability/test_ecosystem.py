@@ -6,6 +6,7 @@ import json
 import re
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,13 +63,26 @@ def _alerts() -> list[dict[str, Any]]:
     return [rule for group in doc["groups"] for rule in group["rules"]]
 
 
+def _panels(panels: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """Every panel, including those inside a collapsed row (Grafana nests them there)."""
+    for panel in panels:
+        yield panel
+        yield from _panels(panel.get("panels", []))
+
+
 def _dashboard_exprs() -> list[str]:
     exprs = []
     for path in sorted((DOCKER / "grafana" / "dashboards").glob("*.json")):
         dashboard = json.loads(path.read_text())
-        for panel in dashboard["panels"]:
+        for panel in _panels(dashboard["panels"]):
             exprs += [t["expr"] for t in panel.get("targets", [])]
     return exprs
+
+
+def test_panels_inside_collapsed_rows_are_checked_too() -> None:
+    row = {"type": "row", "collapsed": True, "panels": [{"targets": [{"expr": "x_total"}]}]}
+    found = [t["expr"] for p in _panels([{"targets": []}, row]) for t in p.get("targets", [])]
+    assert found == ["x_total"]
 
 
 @pytest.fixture()

@@ -211,11 +211,17 @@ def test_the_reporter_keeps_going_after_failures(
         reporter.stop()
 
 
-def test_a_job_still_succeeds_while_reports_hang(
-    control_plane: tuple[ControlPlaneDouble, str],
+@pytest.mark.parametrize("failure", ["timeout", "5xx", "refused"])
+def test_a_job_still_succeeds_while_reports_fail(
+    control_plane: tuple[ControlPlaneDouble, str], failure: str
 ) -> None:
     double, url = control_plane
-    double.mode, double.slow_seconds = "slow", 3.0
+    if failure == "timeout":
+        double.mode, double.slow_seconds = "slow", 3.0
+    elif failure == "5xx":
+        double.mode = "error"
+    else:
+        url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     state = WorkerState()
     state.set_phase(Phase.READY)
     reporter = make_reporter(url, state, timeout=(1.0, 0.3))
@@ -250,13 +256,13 @@ def test_a_job_still_succeeds_while_reports_hang(
 
     client = Client()
     try:
-        wait_for(lambda: double.count() >= 1, 10, "a report attempt before the job")
+        wait_for(lambda: reporter.dropped >= 1, 10, "a failed report before the job")
         outcome = process_job("job_1", JobContext(client, Transcriber(), state))  # type: ignore[arg-type]
         assert outcome is Outcome.SUCCEEDED
         assert client.results == ["job_1"]
         assert state.snapshot().jobs_succeeded == 1
-        wait_for(lambda: reporter.dropped >= 2, 10, "reports timing out meanwhile")
-        assert reporter.running
+        wait_for(lambda: reporter.dropped >= 2, 10, "reports failing meanwhile")
+        assert reporter.delivered == 0 and reporter.running
     finally:
         reporter.stop()
 

@@ -158,8 +158,11 @@ class FakePsutil:
     def __init__(self) -> None:
         self.busy, self.idle = 100.0, 300.0
         self.memory_error: BaseException | None = None
+        self.cpu_error: BaseException | None = None
 
     def cpu_times(self) -> Any:
+        if self.cpu_error is not None:
+            raise self.cpu_error
         # psutil's named tuple sums to the total; iowait counts as idle.
         return _CpuTimes(self.busy, self.idle)
 
@@ -210,6 +213,19 @@ def test_psutil_memory_failure_is_reading_failed_and_cpu_still_works() -> None:
     assert host.memory_used_bytes == Reading(None, "reading_failed")
     assert host.memory_total_bytes == Reading(None, "reading_failed")
     assert host.cpu_utilization_ratio.value == pytest.approx(1.0)
+
+
+def test_psutil_cpu_failure_is_reading_failed_and_the_next_sample_recovers() -> None:
+    fake = FakePsutil()
+    sampler = PsutilHostSampler(fake)
+    fake.cpu_error = PermissionError("no /proc/stat")
+    host = sampler.sample()
+    assert host.cpu_utilization_ratio == Reading(None, "reading_failed")
+    assert host.memory_total_bytes.value == 8_000_000_000  # the other readings still come
+    fake.cpu_error = None
+    fake.busy += 5.0
+    fake.idle += 15.0
+    assert sampler.sample().cpu_utilization_ratio.value == pytest.approx(0.25)
 
 
 def test_real_psutil_reports_this_machine() -> None:
