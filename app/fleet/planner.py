@@ -26,6 +26,8 @@ _LIVE = frozenset(
 # States in which a worker takes new jobs from its profile's queue (or will once booted).
 _SERVING = _LIVE - {WorkerState.DRAINING.value}
 _STARTING = frozenset({WorkerState.REQUESTED.value, WorkerState.CREATING.value})
+# States in which a worker reports (or sends bare heartbeats), so silence means something.
+_REPORTING = frozenset({WorkerState.READY.value, WorkerState.DRAINING.value})
 # Provider states meaning "powered off"; the Go SDK spells one of them with spaces.
 STOPPED_STATES = frozenset({"stopped", "stopped in place", "stopped_in_place"})
 _BUDGET_EPSILON = 1e-9
@@ -45,6 +47,10 @@ class FleetRules:
     # Silence (no report, no heartbeat) after which a worker is dead; None disables the rule.
     heartbeat_timeout: timedelta | None
     max_hourly_eur: float
+    # The silence tolerated while no ready worker at all was heard within heartbeat_timeout:
+    # then the control plane (or the path to it) is the likelier failure, and deleting every
+    # worker would lose their jobs and, in a shortage, their GPUs. None: heartbeat_timeout.
+    outage_timeout: timedelta | None = None
     max_dispatch: int = 200
     max_provisions: int = 10
     # A job still `dispatched` this long after its message was sent, while its profile's queue
@@ -133,6 +139,9 @@ class FleetState:
     dispatchable: tuple[str, ...] = ()  # oldest queued job ids, at most a few hundred
     job_counts: tuple[JobCounts, ...] = ()
     active_jobs: tuple[ActiveJob, ...] = ()
+    # When the fleet came back after being stopped longer than heartbeat_timeout: nothing
+    # could hear the workers before, so their silence counts from here. None: it never was.
+    listening_since: datetime | None = None
 
 
 # --- output ----------------------------------------------------------------------------------
@@ -250,11 +259,12 @@ def plan_fleet(state: FleetState) -> FleetPlan:
     booted: list[Action] = []
     dead: dict[str, str] = {}
     teardown: list[Action] = []
+    silence_limit = _silence_limit(state)
 
     # 1. Lifecycle facts and dead workers.
     for w in state.workers:
         inst = instances.get((w.provider, w.instance_id)) if w.instance_id else None
-        reason = _death(w, inst, state)
+        reason = _death(w, inst, state, silence_limit)
         if reason is not None:
             dead[w.id] = reason
             continue
@@ -520,7 +530,30 @@ def _short(reason: str | None) -> str | None:
     return reason.split(":", 1)[0][:64]
 
 
-def _death(w: WorkerSnapshot, inst: InstanceSnapshot | None, state: FleetState) -> str | None:
+def _last_heard(w: WorkerSnapshot, state: FleetState) -> datetime:
+    seen = w.last_seen_at or w.ready_at or w.created_at or w.requested_at
+    if state.listening_since is not None and state.listening_since > seen:
+        return state.listening_since
+    return seen
+
+
+def _silence_limit(state: FleetState) -> timedelta | None:
+    """How long a ready worker may be silent before it is dead, this round."""
+    rules = state.rules
+    if rules.heartbeat_timeout is None or rules.outage_timeout is None:
+        return rules.heartbeat_timeout
+    ready = [w for w in state.workers if w.state in _REPORTING]
+    if any(state.now - _last_heard(w, state) <= rules.heartbeat_timeout for w in ready):
+        return rules.heartbeat_timeout  # others are heard: the silent ones are the problem
+    return max(rules.outage_timeout, rules.heartbeat_timeout)
+
+
+def _death(
+    w: WorkerSnapshot,
+    inst: InstanceSnapshot | None,
+    state: FleetState,
+    silence_limit: timedelta | None,
+) -> str | None:
     """Why a live worker must be declared dead (and its jobs re-routed), or None."""
     now, rules = state.now, state.rules
     if w.state in _STARTING:
@@ -539,9 +572,8 @@ def _death(w: WorkerSnapshot, inst: InstanceSnapshot | None, state: FleetState) 
         if age is not None and age > rules.boot_timeout:
             return f"boot timeout: not ready {_fmt(age)} after it was requested"
         return None
-    if rules.heartbeat_timeout is not None:
-        seen = w.last_seen_at or w.ready_at or w.created_at or w.requested_at
-        silent = now - seen
-        if silent > rules.heartbeat_timeout:
+    if silence_limit is not None:
+        silent = now - _last_heard(w, state)
+        if silent > silence_limit:
             return f"no heartbeat: silent for {_fmt(silent)}"
     return None

@@ -44,6 +44,8 @@ class FleetServices:
             ),
             # Workers report (observability on) or send a bare heartbeat (off) every interval.
             heartbeat_timeout=timedelta(seconds=3 * obs.report_interval_seconds),
+            # When no ready worker at all is heard, suspect the control plane first.
+            outage_timeout=timedelta(seconds=10 * obs.report_interval_seconds),
             max_hourly_eur=self.settings.budget.max_hourly_eur,
         )
 

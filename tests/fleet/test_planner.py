@@ -80,6 +80,7 @@ class Case:
     inventory: list[InstanceSnapshot] | None = None  # default: every worker's instance running
     known: frozenset[str] = frozenset({"scaleway"})
     rules: FleetRules = RULES
+    listening_since: datetime | None = None
     expect: set[str] = field(default_factory=set)
     held: list[str] = field(default_factory=list)  # substrings expected in held_back
 
@@ -105,6 +106,7 @@ def build(case: Case) -> FleetState:
         dispatchable=tuple(f"j{i}" for i in range(n_ids)),
         job_counts=tuple(case.counts),
         active_jobs=tuple(case.active),
+        listening_since=case.listening_since,
     )
 
 
@@ -437,6 +439,51 @@ CASES = [
             "requeue jx from a",
             "provision a x1",
         },
+    ),
+    Case(
+        "a silent worker among heard ones is dead after 3 intervals",
+        [prof(A)],
+        workers=[wkr("w1", last_seen_at=ago(91)), wkr("w2", last_seen_at=ago(20))],
+        rules=replace(RULES, outage_timeout=timedelta(seconds=300)),
+        expect={"dead w1 (no heartbeat)", "delete w1 (no heartbeat)"},
+    ),
+    Case(
+        "nobody heard: the control plane is suspected, up to the outage timeout",
+        [prof(A)],
+        workers=[wkr("w1", last_seen_at=ago(299)), wkr("w2", last_seen_at=ago(120))],
+        rules=replace(RULES, outage_timeout=timedelta(seconds=300)),
+        expect=set(),
+    ),
+    Case(
+        "nobody heard past the outage timeout",
+        [prof(A)],
+        workers=[wkr("w1", last_seen_at=ago(301)), wkr("w2", last_seen_at=ago(120))],
+        rules=replace(RULES, outage_timeout=timedelta(seconds=300)),
+        expect={"dead w1 (no heartbeat)", "delete w1 (no heartbeat)"},
+    ),
+    Case(
+        "a booting worker's silence does not make the ready ones look heard",
+        [prof(A)],
+        workers=[
+            wkr("w1", last_seen_at=ago(91)),
+            wkr("w2", state="booting", requested_at=ago(10), ready_at=None, idle_since=None),
+        ],
+        rules=replace(RULES, outage_timeout=timedelta(seconds=300)),
+        expect=set(),
+    ),
+    Case(
+        "silence from before the fleet came back does not count",
+        [prof(A)],
+        workers=[wkr("w1", last_seen_at=ago(1200))],
+        listening_since=ago(60),
+        expect=set(),
+    ),
+    Case(
+        "silence since the fleet came back counts",
+        [prof(A)],
+        workers=[wkr("w1", last_seen_at=ago(1200))],
+        listening_since=ago(91),
+        expect={"dead w1 (no heartbeat)", "delete w1 (no heartbeat)"},
     ),
     Case(
         "heartbeat rule off without usage reports",

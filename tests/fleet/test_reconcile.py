@@ -11,7 +11,7 @@ from app.credentials import InstanceCredential
 from app.fleet.cloudinit import USER_DATA_LIMIT_BYTES
 from app.fleet.service import read_plan
 from app.models import Job, JobStatus, Worker, WorkerState
-from app.observability.store import PROVISION_ATTEMPTS_KEY, snapshot_key
+from app.observability.store import FRESHNESS_KEY, PROVISION_ATTEMPTS_KEY, snapshot_key
 from tasks.fleet.reconcile import LOCK_KEY
 from tasks.providers.base import worker_tags
 from tests.fleet.conftest import L4, P100, SIGNING_KEY, T0, Fleet, MakeFleet
@@ -385,7 +385,42 @@ def test_server_stuck_starting_hits_boot_timeout_and_its_job_moves(make_fleet: M
     assert j.profile == replacement.profile
 
 
+def _heard(fleet: Fleet, *workers: Worker) -> None:
+    """What an accepted usage report records: its arrival, in Redis."""
+    for worker in workers:
+        fleet.svc.redis.hset(FRESHNESS_KEY, worker.id, fleet.clock().timestamp())
+
+
 def test_silent_worker_is_dead_and_its_job_redispatched(make_fleet: MakeFleet) -> None:
+    fleet = make_fleet(observability={"enabled": True, "report_interval_seconds": 30})
+    fleet.add_jobs(2)
+    fleet.reconcile()
+    fleet.ready_all()
+    fleet.reconcile(advance=1)
+    assert fleet.claim_all() == 2
+    silent, talking = sorted(live(fleet), key=lambda w: w.id)
+
+    for _ in range(3):  # 3 report intervals; the other worker keeps reporting
+        _heard(fleet, talking)
+        fleet.reconcile(advance=30.5)
+    settle_teardown(fleet)
+    dead = [x for x in fleet.workers() if x.id == silent.id][0]
+    assert dead.delete_reason == "no heartbeat" and dead.state == WorkerState.DELETED.value
+    assert talking.id in {w.id for w in live(fleet)}
+    (j,) = [j for j in fleet.jobs() if j.worker_id != talking.id]
+    assert j.status == JobStatus.QUEUED.value and j.worker_id is None
+    _heard(fleet, talking)
+    fleet.reconcile(advance=5)
+    (j,) = [j for j in fleet.jobs() if j.worker_id != talking.id]
+    assert j.status == JobStatus.DISPATCHED.value
+    assert len(live(fleet)) == 2 and silent.id not in {w.id for w in live(fleet)}
+
+
+def test_when_no_worker_is_heard_the_control_plane_is_suspected_first(
+    make_fleet: MakeFleet,
+) -> None:
+    # Everyone silent at once looks like the API or the network failing, not every worker:
+    # deleting them all would lose their jobs, and in a shortage their GPUs.
     fleet = make_fleet(observability={"enabled": True, "report_interval_seconds": 30})
     fleet.add_jobs(1)
     fleet.reconcile()
@@ -393,17 +428,39 @@ def test_silent_worker_is_dead_and_its_job_redispatched(make_fleet: MakeFleet) -
     fleet.reconcile(advance=1)
     assert fleet.claim_all() == 1
     (w,) = live(fleet)
-
-    fleet.reconcile(advance=91)  # 3 report intervals without a word
+    for _ in range(9):  # 9 intervals of silence: past 3, within the 10 tolerated
+        fleet.reconcile(advance=30)
+    assert [x.id for x in live(fleet)] == [w.id]
+    fleet.reconcile(advance=31)
     settle_teardown(fleet)
-    dead = [x for x in fleet.workers() if x.id == w.id][0]
-    assert dead.delete_reason == "no heartbeat" and dead.state == WorkerState.DELETED.value
-    (j,) = fleet.jobs()
-    assert j.status == JobStatus.QUEUED.value and j.worker_id is None
-    fleet.reconcile(advance=5)
-    (j,) = fleet.jobs()
-    assert j.status == JobStatus.DISPATCHED.value
-    assert len(live(fleet)) == 1 and live(fleet)[0].id != w.id
+    assert [x.delete_reason for x in fleet.workers() if x.id == w.id] == ["no heartbeat"]
+
+
+def test_a_control_plane_back_from_a_long_stop_does_not_delete_every_worker(
+    make_fleet: MakeFleet,
+) -> None:
+    fleet = make_fleet(observability={"enabled": True, "report_interval_seconds": 30})
+    fleet.add_jobs(2)
+    fleet.reconcile()
+    fleet.ready_all()
+    fleet.reconcile(advance=1)
+    assert fleet.claim_all() == 2
+    workers = live(fleet)
+    # The whole control plane stops for 20 minutes: no reconcile, and no report is heard.
+    report = fleet.reconcile(advance=20 * 60)
+    assert {w.id for w in live(fleet)} == {w.id for w in workers}
+    assert report is not None
+    # Reports resume; from here on silence counts again.
+    _heard(fleet, *workers)
+    fleet.reconcile(advance=30)
+    _heard(fleet, workers[0])
+    for _ in range(3):
+        fleet.reconcile(advance=30.5)
+        _heard(fleet, workers[0])
+    settle_teardown(fleet)
+    now_live = {w.id for w in live(fleet)}
+    assert workers[0].id in now_live and workers[1].id not in now_live
+    assert [w.delete_reason for w in fleet.workers() if w.id == workers[1].id] == ["no heartbeat"]
 
 
 def test_instance_that_vanished_is_dead(make_fleet: MakeFleet) -> None:
