@@ -18,6 +18,11 @@ REPO = Path(__file__).resolve().parents[2]
 WARM_UP_JOBS = 30
 MEASURED_JOBS = 50
 MAX_GROWTH = 0.05
+# From job to job RSS also alternates between two levels ~18 MiB apart (a buffer the
+# allocator maps for a job and returns after it), so one sample against another compares
+# arbitrary levels (-3.5 % to +7.6 % seen). A leak lifts both levels: compare the lowest
+# and the highest of the last jobs with those of the last warm-up jobs.
+WINDOW = 10
 
 # Runs in a fresh interpreter, like a worker process: pytest's own allocations (captured
 # output, assertion rewriting) would otherwise blur a 5% bound.
@@ -55,11 +60,13 @@ def test_rss_growth_over_50_transcriptions_is_at_most_5_percent():
     assert result.returncode == 0, result.stderr
     rss = json.loads(result.stdout.splitlines()[-1])
 
-    baseline = rss[WARM_UP_JOBS - 1]
-    growth = (rss[-1] - baseline) / baseline
-    peak = (max(rss[WARM_UP_JOBS:]) - baseline) / baseline
+    before, after = rss[WARM_UP_JOBS - WINDOW : WARM_UP_JOBS], rss[-WINDOW:]
+    floor = (min(after) - min(before)) / min(before)
+    ceiling = (max(after) - max(before)) / max(before)
     print(
-        f"RSS after {WARM_UP_JOBS} warm-up jobs {baseline / 2**20:.0f} MiB; "
-        f"after {MEASURED_JOBS} more {growth:+.2%} (peak {peak:+.2%})"
+        f"RSS over warm-up jobs {WARM_UP_JOBS - WINDOW + 1}-{WARM_UP_JOBS}: "
+        f"{min(before) / 2**20:.0f}-{max(before) / 2**20:.0f} MiB; {MEASURED_JOBS} jobs "
+        f"later: lowest {floor:+.2%}, highest {ceiling:+.2%}"
     )
-    assert growth <= MAX_GROWTH
+    assert floor <= MAX_GROWTH
+    assert ceiling <= MAX_GROWTH
