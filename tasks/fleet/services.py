@@ -43,11 +43,29 @@ class FleetServices:
                 + 2 * fleet.reconcile_interval_seconds
             ),
             # Workers report (observability on) or send a bare heartbeat (off) every interval.
-            heartbeat_timeout=timedelta(seconds=3 * obs.report_interval_seconds),
+            heartbeat_timeout=timedelta(
+                seconds=heartbeat_timeout_seconds(obs.report_interval_seconds)
+            ),
             # When no ready worker at all is heard, suspect the control plane first.
             outage_timeout=timedelta(seconds=10 * obs.report_interval_seconds),
             max_hourly_eur=self.settings.budget.max_hourly_eur,
         )
+
+
+# How workers report (gpu_worker/reporter.py, a package the control plane does not ship; a
+# test keeps the two in step): every interval, jittered by up to this share, and a report
+# is given up after this many seconds.
+WORKER_REPORT_JITTER = 0.1
+WORKER_REPORT_TIMEOUT_SECONDS = 8.0
+
+
+def heartbeat_timeout_seconds(interval: float) -> float:
+    """Silence that means three reports in a row did not arrive, at their latest.
+
+    Three intervals at their longest jitter plus one report's timeout: two reports lost in a
+    row (a network blip, an API restart) never get a worker deleted.
+    """
+    return 3 * interval * (1 + WORKER_REPORT_JITTER) + WORKER_REPORT_TIMEOUT_SECONDS
 
 
 def process_services() -> FleetServices:

@@ -400,9 +400,14 @@ def test_silent_worker_is_dead_and_its_job_redispatched(make_fleet: MakeFleet) -
     assert fleet.claim_all() == 2
     silent, talking = sorted(live(fleet), key=lambda w: w.id)
 
-    for _ in range(3):  # 3 report intervals; the other worker keeps reporting
+    # Two reports lost in a row are survived (3 intervals with their jitter, plus a timeout:
+    # 107 s); the third is not. The other worker keeps reporting.
+    for _ in range(3):
         _heard(fleet, talking)
-        fleet.reconcile(advance=30.5)
+        fleet.reconcile(advance=35)
+    assert silent.id in {w.id for w in live(fleet)}
+    _heard(fleet, talking)
+    fleet.reconcile(advance=3)
     settle_teardown(fleet)
     dead = [x for x in fleet.workers() if x.id == silent.id][0]
     assert dead.delete_reason == "no heartbeat" and dead.state == WorkerState.DELETED.value
@@ -414,6 +419,15 @@ def test_silent_worker_is_dead_and_its_job_redispatched(make_fleet: MakeFleet) -
     (j,) = [j for j in fleet.jobs() if j.worker_id != talking.id]
     assert j.status == JobStatus.DISPATCHED.value
     assert len(live(fleet)) == 2 and silent.id not in {w.id for w in live(fleet)}
+
+
+def test_the_fleet_and_the_workers_agree_on_how_reports_are_timed() -> None:
+    from gpu_worker import heartbeat, reporter
+    from tasks.fleet.services import WORKER_REPORT_JITTER, WORKER_REPORT_TIMEOUT_SECONDS
+
+    assert reporter.JITTER == WORKER_REPORT_JITTER
+    assert sum(reporter.REPORT_TIMEOUT) <= WORKER_REPORT_TIMEOUT_SECONDS
+    assert sum(heartbeat.HEARTBEAT_TIMEOUT) <= WORKER_REPORT_TIMEOUT_SECONDS
 
 
 def test_when_no_worker_is_heard_the_control_plane_is_suspected_first(
@@ -455,7 +469,7 @@ def test_a_control_plane_back_from_a_long_stop_does_not_delete_every_worker(
     fleet.reconcile(advance=30)
     _heard(fleet, workers[0])
     for _ in range(3):
-        fleet.reconcile(advance=30.5)
+        fleet.reconcile(advance=30)
         _heard(fleet, workers[0])
     settle_teardown(fleet)
     now_live = {w.id for w in live(fleet)}
