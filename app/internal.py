@@ -140,7 +140,7 @@ def release(worker_id: str, instance_id: str, job_id: str) -> Response:
 
 @internal_bp.post("/workers/<worker_id>/<instance_id>/heartbeat")
 def heartbeat(worker_id: str, instance_id: str) -> Response:
-    """Liveness without usage reports: the fleet deletes workers silent for 3 intervals."""
+    """Liveness without usage reports: the fleet deletes workers that miss three in a row."""
     worker = authenticate_worker(worker_id, instance_id)
     service.record_heartbeat(services().db, worker.id)
     return jsonify({"ok": True})

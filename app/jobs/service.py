@@ -343,7 +343,7 @@ def claim_job(db: Database, job_id: str, worker: WorkerCaller, max_attempts: int
 
 
 def record_heartbeat(db: Database, worker_id: str) -> None:
-    """The worker was heard from: the fleet deletes workers silent for 3 report intervals."""
+    """The worker was heard from: the fleet deletes workers that miss three reports in a row."""
     with db.session() as s:
         s.execute(update(Worker).where(Worker.id == worker_id).values(last_seen_at=utcnow()))
 

@@ -105,7 +105,7 @@ def report(worker_id: str, instance_id: str) -> Response:
     except ApiError:
         # Refused (reporting switched off here, a body too large or invalid, a repeat), but
         # sent by a live worker: with reporting on, reports are its only heartbeat, and the
-        # fleet deletes workers silent for 3 intervals.
+        # fleet deletes workers that miss three reports in a row.
         service.record_heartbeat(svc.db, worker.id)
         raise
 
