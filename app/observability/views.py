@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 from flask import Blueprint, Response, jsonify, request
 from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4
 from pydantic import ValidationError
+from sqlalchemy.exc import SQLAlchemyError
 
 from app.auth import authenticate_worker, bearer_token, require_admin_token
 from app.config import scrape_token_problem
@@ -26,6 +28,8 @@ from app.observability import store
 from app.observability.collector import LIFECYCLE_PHASES, render_metrics
 from app.observability.redaction import clean_log_line
 from app.observability.schema import UsageReport
+
+log = logging.getLogger(__name__)
 
 observability_bp = Blueprint("observability", __name__)
 
@@ -106,7 +110,10 @@ def report(worker_id: str, instance_id: str) -> Response:
         # Refused (reporting switched off here, a body too large or invalid, a repeat), but
         # sent by a live worker: with reporting on, reports are its only heartbeat, and the
         # fleet deletes workers that miss three reports in a row.
-        service.record_heartbeat(svc.db, worker.id)
+        try:
+            service.record_heartbeat(svc.db, worker.id)
+        except SQLAlchemyError as exc:  # the refusal is the answer, not a 500
+            log.warning("report refused; heartbeat not recorded: %s", type(exc).__name__)
         raise
 
 
@@ -151,16 +158,13 @@ def _accept(svc: Services, worker_id: str) -> Response:
 def metrics() -> Response:
     svc = services()
     expected = svc.settings.reveal("scrape_token")
-    if not expected:
-        raise ApiError(
-            404, "metrics_disabled", "/metrics is disabled: MURMUR_SCRAPE_TOKEN is not set"
-        )
-    if scrape_token_problem(svc.settings) is not None:
-        # Which rule it breaks is for the operator (logged at start-up), not for any caller.
+    # Unset, short or shared: one answer, so a caller cannot learn which (the reason is
+    # logged at start-up for the operator).
+    if not expected or scrape_token_problem(svc.settings) is not None:
         raise ApiError(
             404,
             "metrics_disabled",
-            "/metrics is disabled: MURMUR_SCRAPE_TOKEN is unusable (see `murmur validate-config`)",
+            "/metrics is disabled: MURMUR_SCRAPE_TOKEN is not set or not usable",
         )
     token = bearer_token()
     if token is None or constant_time_in(token, [expected]) is None:

@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 import redis
@@ -48,6 +49,45 @@ def lock_seconds(svc: FleetServices) -> float:
     return max(60.0, 6 * fleet.provider_timeout_seconds + 2 * fleet.reconcile_interval_seconds)
 
 
+# The fleet's own continuity: {"since": first round after a stop, "last": latest round}.
+LISTENING_KEY = "murmur:fleet:listening"
+
+
+def _stop_threshold(svc: FleetServices) -> timedelta:
+    """A gap between rounds longer than this means the fleet was stopped, not just slow.
+
+    Well above the time between ordinary rounds (a slow run holds the lock this long), and
+    at least the silence tolerated when nobody is heard: a stop shorter than that is
+    already covered by the planner's suspicion of the control plane.
+    """
+    rules = svc.rules()
+    fleet = svc.settings.fleet
+    slow_round = timedelta(seconds=lock_seconds(svc) + 2 * fleet.reconcile_interval_seconds)
+    tolerated = [t for t in (rules.heartbeat_timeout, rules.outage_timeout) if t is not None]
+    return max([slow_round, *tolerated])
+
+
+def listening_since(svc: FleetServices, now: datetime) -> datetime:
+    """When the fleet last started watching the workers, recording this round.
+
+    A round that follows a stop (see `_stop_threshold`) starts watching afresh: nothing could
+    hear the workers meanwhile, so their silence must not get them all deleted the moment
+    the control plane is back. A clock that stepped back is not a stop.
+    """
+    since = now
+    raw = svc.redis.get(LISTENING_KEY)
+    if raw is not None:
+        try:
+            record = json.loads(raw)
+            last = datetime.fromisoformat(record["last"])
+            if now - last <= _stop_threshold(svc):
+                since = min(datetime.fromisoformat(record["since"]), now)
+        except (ValueError, KeyError, TypeError):
+            log.warning("fleet: unreadable %s; watching afresh", LISTENING_KEY)
+    svc.redis.set(LISTENING_KEY, json.dumps({"since": since.isoformat(), "last": now.isoformat()}))
+    return since
+
+
 def reconcile(svc: FleetServices) -> ReconcileReport:
     lock = svc.redis.lock(LOCK_KEY, timeout=lock_seconds(svc), blocking=False)
     if not lock.acquire(blocking=False):
@@ -62,9 +102,10 @@ def reconcile(svc: FleetServices) -> ReconcileReport:
 
     report = ReconcileReport(ran=True)
     try:
+        since = listening_since(svc, svc.clock())
         for _ in range(len(svc.settings.profiles) + 1):
             keep_lock()
-            snapshot = read_snapshot(svc, svc.clock())
+            snapshot = read_snapshot(svc, svc.clock(), since)
             plan = plan_fleet(snapshot.state)
             outcome = apply_plan(svc, snapshot, plan, keep_lock)
             report.plans.append(plan)

@@ -62,10 +62,12 @@ WORKER_REPORT_TIMEOUT_SECONDS = 8.0
 def heartbeat_timeout_seconds(interval: float) -> float:
     """Silence that means three reports in a row did not arrive, at their latest.
 
-    Three intervals at their longest jitter plus one report's timeout: two reports lost in a
-    row (a network blip, an API restart) never get a worker deleted.
+    The reporter waits its (jittered) interval after each attempt returns, and a failed
+    attempt can take a whole timeout: three intervals at their longest, each with one
+    timeout. Two reports lost in a row (a network blip, an API restart) never get a worker
+    deleted.
     """
-    return 3 * interval * (1 + WORKER_REPORT_JITTER) + WORKER_REPORT_TIMEOUT_SECONDS
+    return 3 * (interval * (1 + WORKER_REPORT_JITTER) + WORKER_REPORT_TIMEOUT_SECONDS)
 
 
 def process_services() -> FleetServices:

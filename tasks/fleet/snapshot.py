@@ -7,11 +7,10 @@ marked unknown, so the planner draws no conclusion from their silence.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from sqlalchemy import Row, func, select
 
@@ -57,33 +56,10 @@ def _latest(a: datetime | None, b: datetime | None) -> datetime | None:
     return max((t for t in (a, b) if t is not None), default=None)
 
 
-# The fleet's own continuity: {"since": first round after a stop, "last": latest round}.
-LISTENING_KEY = "murmur:fleet:listening"
-
-
-def listening_since(svc: FleetServices, now: datetime) -> datetime:
-    """When the fleet last started watching, recording this round.
-
-    A round that follows a gap longer than the heartbeat timeout (the control plane was
-    stopped or down) starts watching afresh: workers could not be heard meanwhile, so their
-    silence must not get them all deleted the moment it comes back.
-    """
-    gap = svc.rules().heartbeat_timeout
-    since = now
-    raw = svc.redis.get(LISTENING_KEY)
-    if raw is not None and gap is not None:
-        try:
-            record = json.loads(raw)
-            last = datetime.fromisoformat(record["last"])
-            if timedelta(0) <= now - last <= gap:
-                since = min(datetime.fromisoformat(record["since"]), now)
-        except (ValueError, KeyError, TypeError):
-            log.warning("fleet: unreadable %s; watching afresh", LISTENING_KEY)
-    svc.redis.set(LISTENING_KEY, json.dumps({"since": since.isoformat(), "last": now.isoformat()}))
-    return since
-
-
-def read_snapshot(svc: FleetServices, now: datetime) -> Snapshot:
+def read_snapshot(
+    svc: FleetServices, now: datetime, listening_since: datetime | None = None
+) -> Snapshot:
+    """Everything the planner needs, read now; `listening_since` comes from the reconcile."""
     settings = svc.settings
     rules = svc.rules()
     queued_ready = (Job.status == JobStatus.QUEUED.value) & Job.audio_key.is_not(None)
@@ -181,7 +157,7 @@ def read_snapshot(svc: FleetServices, now: datetime) -> Snapshot:
     state = FleetState(
         now=now,
         rules=rules,
-        listening_since=listening_since(svc, now),
+        listening_since=listening_since,
         profiles=profiles,
         workers=workers,
         inventory=tuple(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 
 import pytest
 from sqlalchemy import update
@@ -12,7 +13,7 @@ from app.fleet.cloudinit import USER_DATA_LIMIT_BYTES
 from app.fleet.service import read_plan
 from app.models import Job, JobStatus, Worker, WorkerState
 from app.observability.store import FRESHNESS_KEY, PROVISION_ATTEMPTS_KEY, snapshot_key
-from tasks.fleet.reconcile import LOCK_KEY
+from tasks.fleet.reconcile import LISTENING_KEY, LOCK_KEY, listening_since
 from tasks.providers.base import worker_tags
 from tests.fleet.conftest import L4, P100, SIGNING_KEY, T0, Fleet, MakeFleet
 
@@ -400,14 +401,14 @@ def test_silent_worker_is_dead_and_its_job_redispatched(make_fleet: MakeFleet) -
     assert fleet.claim_all() == 2
     silent, talking = sorted(live(fleet), key=lambda w: w.id)
 
-    # Two reports lost in a row are survived (3 intervals with their jitter, plus a timeout:
-    # 107 s); the third is not. The other worker keeps reporting.
+    # Two reports lost in a row are survived (3 intervals with their jitter, each with a
+    # report's timeout: 123 s); the third is not. The other worker keeps reporting.
     for _ in range(3):
         _heard(fleet, talking)
-        fleet.reconcile(advance=35)
+        fleet.reconcile(advance=40)
     assert silent.id in {w.id for w in live(fleet)}
     _heard(fleet, talking)
-    fleet.reconcile(advance=3)
+    fleet.reconcile(advance=4)
     settle_teardown(fleet)
     dead = [x for x in fleet.workers() if x.id == silent.id][0]
     assert dead.delete_reason == "no heartbeat" and dead.state == WorkerState.DELETED.value
@@ -419,6 +420,36 @@ def test_silent_worker_is_dead_and_its_job_redispatched(make_fleet: MakeFleet) -
     (j,) = [j for j in fleet.jobs() if j.worker_id != talking.id]
     assert j.status == JobStatus.DISPATCHED.value
     assert len(live(fleet)) == 2 and silent.id not in {w.id for w in live(fleet)}
+
+
+def test_rounds_further_apart_than_the_heartbeat_timeout_still_find_dead_workers(
+    make_fleet: MakeFleet,
+) -> None:
+    # A slow provider or a busy control queue can space rounds out; that is not a stop.
+    fleet = make_fleet(observability={"enabled": True, "report_interval_seconds": 30})
+    fleet.add_jobs(2)
+    fleet.reconcile()
+    fleet.ready_all()
+    fleet.reconcile(advance=1)
+    assert fleet.claim_all() == 2
+    silent, talking = sorted(live(fleet), key=lambda w: w.id)
+    fleet.clock.advance(150)  # longer than the 123 s heartbeat timeout
+    _heard(fleet, talking)
+    fleet.reconcile()
+    settle_teardown(fleet)
+    assert [w.delete_reason for w in fleet.workers() if w.id == silent.id] == ["no heartbeat"]
+
+
+def test_listening_restarts_only_after_a_stop(make_fleet: MakeFleet) -> None:
+    fleet = make_fleet(observability={"enabled": True, "report_interval_seconds": 30})
+    t0 = fleet.clock()
+    at = lambda seconds: t0 + timedelta(seconds=seconds)  # noqa: E731
+    assert listening_since(fleet.svc, t0) == t0  # the first round ever
+    assert listening_since(fleet.svc, at(250)) == t0  # a slow round is not a stop
+    assert listening_since(fleet.svc, at(200)) == t0  # nor is a clock stepping back
+    assert listening_since(fleet.svc, at(200 + 3600)) == at(3800)  # an hour without rounds is
+    fleet.svc.redis.set(LISTENING_KEY, b"{not json")
+    assert listening_since(fleet.svc, at(3810)) == at(3810)
 
 
 def test_the_fleet_and_the_workers_agree_on_how_reports_are_timed() -> None:
@@ -468,7 +499,7 @@ def test_a_control_plane_back_from_a_long_stop_does_not_delete_every_worker(
     _heard(fleet, *workers)
     fleet.reconcile(advance=30)
     _heard(fleet, workers[0])
-    for _ in range(3):
+    for _ in range(4):
         fleet.reconcile(advance=30)
         _heard(fleet, workers[0])
     settle_teardown(fleet)

@@ -135,6 +135,23 @@ def test_a_refused_report_from_a_live_worker_still_counts_as_alive(obs: ObsEnv) 
     assert store.read_last_report(obs.redis, worker.id) is None
 
 
+def test_a_refusal_stays_the_answer_when_its_heartbeat_cannot_be_written(
+    obs: ObsEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sqlalchemy.exc import OperationalError
+
+    from app.jobs import service
+
+    def database_gone(*args: Any) -> None:
+        raise OperationalError("UPDATE workers", {}, Exception("connection lost"))
+
+    worker = live_worker(obs.db)
+    monkeypatch.setattr(service, "record_heartbeat", database_gone)
+    response = post_report(obs.client, worker, {**make_report(1), "job_id": "job_1"})
+    assert response.status_code == 400
+    assert response.get_json()["error"]["code"] == "invalid_report"
+
+
 def test_a_refusal_before_identity_records_nothing(obs: ObsEnv) -> None:
     off = obs.with_settings(MURMUR_OBSERVABILITY_ENABLED="0")
     worker = live_worker(off.db)
