@@ -392,13 +392,19 @@ def _heard(fleet: Fleet, *workers: Worker) -> None:
         fleet.svc.redis.hset(FRESHNESS_KEY, worker.id, fleet.clock().timestamp())
 
 
-def test_silent_worker_is_dead_and_its_job_redispatched(make_fleet: MakeFleet) -> None:
+def _busy_fleet(make_fleet: MakeFleet, workers: int) -> Fleet:
+    """`workers` ready workers reporting every 30 s, each running a job."""
     fleet = make_fleet(observability={"enabled": True, "report_interval_seconds": 30})
-    fleet.add_jobs(2)
+    fleet.add_jobs(workers)
     fleet.reconcile()
     fleet.ready_all()
     fleet.reconcile(advance=1)
-    assert fleet.claim_all() == 2
+    assert fleet.claim_all() == workers
+    return fleet
+
+
+def test_silent_worker_is_dead_and_its_job_redispatched(make_fleet: MakeFleet) -> None:
+    fleet = _busy_fleet(make_fleet, 2)
     silent, talking = sorted(live(fleet), key=lambda w: w.id)
 
     # Two reports lost in a row are survived (3 intervals with their jitter, each with a
@@ -426,12 +432,7 @@ def test_rounds_further_apart_than_the_heartbeat_timeout_still_find_dead_workers
     make_fleet: MakeFleet,
 ) -> None:
     # A slow provider or a busy control queue can space rounds out; that is not a stop.
-    fleet = make_fleet(observability={"enabled": True, "report_interval_seconds": 30})
-    fleet.add_jobs(2)
-    fleet.reconcile()
-    fleet.ready_all()
-    fleet.reconcile(advance=1)
-    assert fleet.claim_all() == 2
+    fleet = _busy_fleet(make_fleet, 2)
     silent, talking = sorted(live(fleet), key=lambda w: w.id)
     fleet.clock.advance(150)  # longer than the 123 s heartbeat timeout
     _heard(fleet, talking)
@@ -466,12 +467,7 @@ def test_when_no_worker_is_heard_the_control_plane_is_suspected_first(
 ) -> None:
     # Everyone silent at once looks like the API or the network failing, not every worker:
     # deleting them all would lose their jobs, and in a shortage their GPUs.
-    fleet = make_fleet(observability={"enabled": True, "report_interval_seconds": 30})
-    fleet.add_jobs(1)
-    fleet.reconcile()
-    fleet.ready_all()
-    fleet.reconcile(advance=1)
-    assert fleet.claim_all() == 1
+    fleet = _busy_fleet(make_fleet, 1)
     (w,) = live(fleet)
     for _ in range(9):  # 9 intervals of silence: past 3, within the 10 tolerated
         fleet.reconcile(advance=30)
@@ -484,12 +480,7 @@ def test_when_no_worker_is_heard_the_control_plane_is_suspected_first(
 def test_a_control_plane_back_from_a_long_stop_does_not_delete_every_worker(
     make_fleet: MakeFleet,
 ) -> None:
-    fleet = make_fleet(observability={"enabled": True, "report_interval_seconds": 30})
-    fleet.add_jobs(2)
-    fleet.reconcile()
-    fleet.ready_all()
-    fleet.reconcile(advance=1)
-    assert fleet.claim_all() == 2
+    fleet = _busy_fleet(make_fleet, 2)
     workers = live(fleet)
     # The whole control plane stops for 20 minutes: no reconcile, and no report is heard.
     report = fleet.reconcile(advance=20 * 60)

@@ -8,6 +8,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -287,16 +288,25 @@ def test_intervals_are_jittered_within_ten_percent() -> None:
     assert max(delays) - min(delays) > 3.0  # not a constant
 
 
-def test_log_lines_are_sent_until_a_report_carrying_them_is_accepted(
-    control_plane: tuple[ControlPlaneDouble, str],
-) -> None:
-    double, url = control_plane
+@contextmanager
+def tail_of(name: str) -> Iterator[tuple[LogTail, logging.Logger]]:
+    """A LogTail on its own logger, removed afterwards."""
     tail = LogTail()
-    logger = logging.getLogger("test.observability.reporter")
+    logger = logging.getLogger(name)
     logger.propagate = False
     logger.setLevel(logging.INFO)
     logger.addHandler(tail)
     try:
+        yield tail, logger
+    finally:
+        logger.removeHandler(tail)
+
+
+def test_log_lines_are_sent_until_a_report_carrying_them_is_accepted(
+    control_plane: tuple[ControlPlaneDouble, str],
+) -> None:
+    double, url = control_plane
+    with tail_of("test.observability.reporter") as (tail, logger):
         reporter = make_reporter(url, WorkerState(), log_tail=tail)
         logger.info("first")
         double.mode = "error"
@@ -305,8 +315,6 @@ def test_log_lines_are_sent_until_a_report_carrying_them_is_accepted(
         double.mode = "ok"
         assert reporter.send_once()
         assert reporter.send_once()
-    finally:
-        logger.removeHandler(tail)
     failed, accepted, after = double.bodies()
     assert [line["number"] for line in failed["log"]] == [1]
     # The failed report's line is sent again with the next one; accepted lines are not.
@@ -319,12 +327,7 @@ def test_log_lines_that_would_pass_the_body_cap_wait_for_the_next_report(
     control_plane: tuple[ControlPlaneDouble, str],
 ) -> None:
     double, url = control_plane
-    tail = LogTail()
-    logger = logging.getLogger("test.observability.reporter.wide")
-    logger.propagate = False
-    logger.setLevel(logging.INFO)
-    logger.addHandler(tail)
-    try:
+    with tail_of("test.observability.reporter.wide") as (tail, logger):
         reporter = make_reporter(url, WorkerState(), log_tail=tail)
         for n in range(50):
             # Non-ASCII text (in the template: an argument that long would be masked), each
@@ -334,8 +337,6 @@ def test_log_lines_that_would_pass_the_body_cap_wait_for_the_next_report(
             assert reporter.send_once()
             if not double.bodies()[-1]["log"]:
                 break
-    finally:
-        logger.removeHandler(tail)
     with double.lock:
         sizes = [len(r["body"]) for r in double.requests]
     assert all(size <= MAX_REPORT_BYTES for size in sizes), sizes
