@@ -139,8 +139,8 @@ class FleetState:
     dispatchable: tuple[str, ...] = ()  # oldest queued job ids, at most a few hundred
     job_counts: tuple[JobCounts, ...] = ()
     active_jobs: tuple[ActiveJob, ...] = ()
-    # When the fleet came back after being stopped longer than heartbeat_timeout: nothing
-    # could hear the workers before, so their silence counts from here. None: it never was.
+    # When the fleet last came back from a stop (tasks.fleet.reconcile.listening_since):
+    # nothing could hear the workers before, so their silence counts from here at the earliest.
     listening_since: datetime | None = None
 
 
