@@ -225,19 +225,24 @@ def _transition(
     return bool(moved)
 
 
+def _update_held_job(s: Session, job_id: str, worker_id: str, values: dict[str, Any]) -> int:
+    """Change a running job only while `worker_id` holds it (compare-and-set); rows changed."""
+    return rows_changed(
+        s,
+        update(Job)
+        .where(
+            Job.id == job_id,
+            Job.status == JobStatus.RUNNING.value,
+            Job.worker_id == worker_id,
+        )
+        .values(**values),
+    )
+
+
 def _finish(db: Database, job_id: str, worker_id: str, values: dict[str, Any]) -> bool:
     """End a running job on behalf of the worker that holds it; anyone else's word is ignored."""
     with db.session() as s:
-        moved = rows_changed(
-            s,
-            update(Job)
-            .where(
-                Job.id == job_id,
-                Job.status == JobStatus.RUNNING.value,
-                Job.worker_id == worker_id,
-            )
-            .values(**values),
-        )
+        moved = _update_held_job(s, job_id, worker_id, values)
     return bool(moved)
 
 
@@ -351,15 +356,8 @@ def record_heartbeat(db: Database, worker_id: str) -> None:
 def release_job(db: Database, job_id: str, worker_id: str) -> bool:
     """A draining worker hands a running job back: it becomes claimable by the next worker."""
     with db.session() as s:
-        moved = rows_changed(
-            s,
-            update(Job)
-            .where(
-                Job.id == job_id,
-                Job.status == JobStatus.RUNNING.value,
-                Job.worker_id == worker_id,
-            )
-            .values(status=JobStatus.DISPATCHED.value, worker_id=None),
+        moved = _update_held_job(
+            s, job_id, worker_id, {"status": JobStatus.DISPATCHED.value, "worker_id": None}
         )
         s.execute(
             update(Worker)
