@@ -8,7 +8,6 @@ import shutil
 import socket
 import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from werkzeug.serving import make_server
 from app import create_app
 from app.config import Settings
 from app.db import Database
+from app.jobs.service import DONE_CHANNEL
 from app.migrate import upgrade
 from app.models import Job, JobStatus
 from tests.conftest import (
@@ -260,7 +260,9 @@ def test_redis_lost_during_the_wait_still_answers_the_transcript(
     thread = threading.Thread(target=call, daemon=True)
     thread.start()
     job_id = wait_for(lambda: [j.id for j in _jobs(db)], 20, "the job to be stored")[0]
-    time.sleep(1.5)  # the waiter is subscribed and listening
+    broker = redis.Redis.from_url(private_redis.url)
+    channel = DONE_CHANNEL + job_id
+    wait_for(lambda: broker.pubsub_numsub(channel)[0][1] == 1, 20, "the waiter to subscribe")
     private_redis.stop()
     transcript = {"text": "hello from the database", "language": "en", "segments": []}
     with db.session() as s:
