@@ -304,3 +304,47 @@ def test_cancelled_while_waiting_is_409_with_job_id_and_no_retry(live_api: LiveA
     assert body["code"] == "job_cancelled" and body["job_id"] == job_id
     assert [j.id for j in _jobs(db)] == [job_id]  # not retried
     assert api_get(live_api, f"/v1/jobs/{job_id}").json()["status"] == "cancelled"
+
+
+@pytest.mark.parametrize(
+    ("error_code", "status"),
+    [("audio_decode_failed", 400), ("audio_too_long", 400), ("too_many_attempts", 502)],
+)
+def test_a_failed_job_is_answered_by_whose_fault_it_was_with_its_id(
+    served: tuple[str, Settings, Database],
+    private_redis: PrivateRedis,
+    error_code: str,
+    status: int,
+) -> None:
+    url, _, db = served
+    answer: dict[str, Any] = {}
+
+    def call() -> None:
+        try:
+            with SPEECH.open("rb") as fh:
+                _client(url).audio.transcriptions.create(model="whisper-1", file=fh)
+        except Exception as exc:
+            answer["error"] = exc
+
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    job_id = wait_for(lambda: [j.id for j in _jobs(db)], 20, "the job to be stored")[0]
+    broker = redis.Redis.from_url(private_redis.url)
+    channel = DONE_CHANNEL + job_id
+    wait_for(lambda: broker.pubsub_numsub(channel)[0][1] == 1, 20, "the waiter to subscribe")
+    with db.session() as s:
+        s.execute(
+            update(Job)
+            .where(Job.id == job_id)
+            .values(status=JobStatus.FAILED.value, error_code=error_code, error_message="no")
+        )
+    broker.publish(channel, JobStatus.FAILED.value)
+    thread.join(30)
+    assert not thread.is_alive(), "the waiter did not notice the failure"
+    error = answer["error"]
+    assert isinstance(error, openai.APIStatusError), error
+    assert error.response.status_code == status
+    assert error.response.headers["x-should-retry"] == "false"
+    body = error.response.json()["error"]
+    assert body["code"] == error_code and body["job_id"] == job_id
+    assert [j.id for j in _jobs(db)] == [job_id]  # not retried
