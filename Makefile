@@ -43,6 +43,7 @@ bench: install
 	$(PY) bench/ingest.py
 	$(PY) bench/submit_throughput.py
 	$(PY) bench/e2e_overhead.py
+	$(PY) bench/sync_overload.py
 
 clean:
 	rm -rf var .pytest_cache .mypy_cache .ruff_cache

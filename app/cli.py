@@ -75,7 +75,12 @@ def db_upgrade(revision: str) -> None:
 
 @main.command("api")
 @click.option("--workers", default=2, show_default=True, help="gunicorn worker processes")
-@click.option("--threads", default=8, show_default=True, help="threads per process")
+@click.option(
+    "--threads",
+    default=8,
+    show_default=True,
+    help="threads per process, besides the api.sync_max_waiting ones for synchronous requests",
+)
 def api(workers: int, threads: int) -> None:
     """Serve the API under gunicorn on MURMUR_HOST:MURMUR_PORT."""
     settings = load_settings()
@@ -85,26 +90,9 @@ def api(workers: int, threads: int) -> None:
         for problem in problems:
             click.echo(f"  - {problem}", err=True)
         sys.exit(1)
-    bind = f"{settings.api.host}:{settings.api.port}"
-    args = [
-        "gunicorn",
-        "app:create_app()",
-        "--bind",
-        bind,
-        "--workers",
-        str(workers),
-        "--threads",
-        str(threads),
-        "--worker-class",
-        "gthread",
-        "--timeout",
-        "620",
-        "--access-logfile",
-        "-",
-        # The path only: a query string can carry a signed audio URL's signature.
-        "--access-logformat",
-        '%(h)s "%(m)s %(U)s %(H)s" %(s)s %(B)s %(L)ss',
-    ]
+    from app.server import gunicorn_args
+
+    args = ["gunicorn", *gunicorn_args(settings, workers=workers, threads=threads)]
     os.execvp(args[0], args)  # noqa: S606 (replace this process with gunicorn)
 
 

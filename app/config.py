@@ -69,6 +69,9 @@ class ApiSettings(_Strict):
     max_upload_bytes: int = Field(default=25 * 1024 * 1024, ge=1024)
     max_audio_seconds: float = Field(default=4 * 3600, gt=0)
     sync_timeout_seconds: float = Field(default=300.0, gt=0, le=590)
+    # Synchronous transcriptions in progress per API process; each has its own server thread
+    # on top of the general ones (app/server.py), and one more is answered 503 (docs/api.md).
+    sync_max_waiting: int = Field(default=32, ge=1, le=1024)
     signed_url_ttl_seconds: int = Field(default=600, ge=10, le=86400)
     # URLs given as job input: only these schemes, and only public addresses.
     allow_private_urls: bool = False
@@ -223,6 +226,8 @@ def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
         api["max_upload_bytes"] = env["MURMUR_MAX_UPLOAD_BYTES"]
     if "MURMUR_SYNC_TIMEOUT_SECONDS" in env:
         api["sync_timeout_seconds"] = env["MURMUR_SYNC_TIMEOUT_SECONDS"]
+    if "MURMUR_SYNC_MAX_WAITING" in env:
+        api["sync_max_waiting"] = env["MURMUR_SYNC_MAX_WAITING"]
     if "MURMUR_ALLOW_PRIVATE_URLS" in env:
         api["allow_private_urls"] = _truthy(env["MURMUR_ALLOW_PRIVATE_URLS"])
     if api:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from flask import Flask, Response, jsonify
+from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 log = logging.getLogger(__name__)
@@ -44,11 +44,38 @@ def error_response(
 _HTTP_CODES = {
     400: "bad_request",
     401: "unauthorized",
+    403: "forbidden",
     404: "not_found",
     405: "method_not_allowed",
+    408: "request_timeout",
+    409: "conflict",
     413: "payload_too_large",
+    414: "uri_too_long",
     415: "unsupported_media_type",
+    429: "too_many_requests",
+    431: "request_header_fields_too_large",
+    501: "not_implemented",
+    503: "service_unavailable",
 }
+
+
+def _too_large(app: Flask) -> tuple[str, str]:
+    """Which limit a 413 from Werkzeug hit: the body's size, or the multipart form's shape.
+
+    Werkzeug raises the same exception for all three; a body within the size limit can only
+    have broken a form limit (too many parts, or a text field held in memory too large).
+    """
+    limit = app.config.get("MAX_CONTENT_LENGTH")
+    length = request.content_length
+    if limit is not None and length is not None and length <= limit:
+        parts = app.config.get("MAX_FORM_PARTS")
+        field = app.config.get("MAX_FORM_MEMORY_SIZE")
+        return (
+            "form_too_large",
+            f"the multipart form has more than {parts} parts or a text field larger than "
+            f"{field} bytes; send the audio as one 'file' part and short fields",
+        )
+    return "payload_too_large", f"the request body is larger than the limit of {limit} bytes"
 
 
 def register_error_handlers(app: Flask) -> None:
@@ -64,11 +91,15 @@ def register_error_handlers(app: Flask) -> None:
         code = _HTTP_CODES.get(status, "http_error")
         message = err.description or err.name
         if status == 413:
-            limit = app.config.get("MAX_CONTENT_LENGTH")
-            message = f"the request body is larger than the limit of {limit} bytes"
+            code, message = _too_large(app)
         if status == 404:
             message = "no such endpoint"
-        return error_response(status, code, message)
+        response = error_response(status, code, message)
+        # Keep what the exception says about the resource (Allow on a 405, Retry-After).
+        for name, value in err.get_headers():
+            if name.lower() != "content-type":
+                response.headers[name] = value
+        return response
 
     @app.errorhandler(Exception)
     def _unexpected(err: Exception) -> Response:

@@ -6,7 +6,7 @@ import logging
 
 import redis
 from celery import Celery
-from flask import Flask
+from flask import Flask, Response
 
 from app.config import Settings, load_settings, scrape_token_problem
 from app.context import Services
@@ -20,11 +20,20 @@ log = logging.getLogger(__name__)
 _MULTIPART_OVERHEAD = 64 * 1024
 
 
+class _Api(Flask):
+    def make_default_options_response(self) -> Response:
+        """OPTIONS: 204 with the Allow header and no body (Flask would send empty HTML)."""
+        allow = super().make_default_options_response().headers["Allow"]
+        response = Response(status=204, headers={"Allow": allow})
+        del response.headers["Content-Type"]  # no body, so no type
+        return response
+
+
 def create_app(
     settings: Settings | None = None, *, db: Database | None = None, celery: Celery | None = None
 ) -> Flask:
     settings = settings or load_settings()
-    app = Flask("murmur", static_folder=None)
+    app = _Api("murmur", static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = settings.api.max_upload_bytes + _MULTIPART_OVERHEAD
     app.json.sort_keys = False  # type: ignore[attr-defined]
     if celery is None:

@@ -180,7 +180,11 @@ def openapi_document() -> dict[str, Any]:
                         "200": {"description": "The transcript in response_format"},
                         "400": _ERROR,
                         "401": _ERROR,
+                        "409": _ERROR,
                         "413": _ERROR,
+                        "415": _ERROR,
+                        "502": _ERROR,
+                        "503": _ERROR,
                         "504": _ERROR,
                     },
                     requestBody={

@@ -147,27 +147,12 @@ def running_stack(env: dict[str, str], echo: tuple[str, ...]) -> Iterator[str]:
     stack = Stack(env, echo)
     py = sys.executable
     try:
-        stack.start(
-            "api",
-            [
-                py,
-                "-m",
-                "gunicorn",
-                "app:create_app()",
-                "--bind",
-                f"{settings.api.host}:{settings.api.port}",
-                "--workers",
-                "2",
-                "--worker-class",
-                "gthread",
-                "--threads",
-                "8",
-                "--timeout",
-                "620",
-                "--graceful-timeout",
-                "30",
-            ],
-        )
+        from app.server import gunicorn_args
+
+        # The production command line (murmur api), so the local stack serves the same way;
+        # without the access log, as before (its lines would match the fleet words echoed).
+        args = gunicorn_args(settings, workers=2, threads=8, access_log=False)
+        stack.start("api", [py, "-m", "gunicorn", *args])
         stack.start(
             "control",
             [

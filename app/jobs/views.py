@@ -15,6 +15,7 @@ from app.context import Services, services
 from app.errors import ApiError
 from app.jobs import service
 from app.jobs.formats import FORMATS, render
+from app.jobs.waiting import client_socket, sync_slots, wait_for_job
 from app.languages import WHISPER_LANGUAGES, is_english_only
 from app.models import JobStatus
 from app.urls import check_url
@@ -24,8 +25,10 @@ log = logging.getLogger(__name__)
 jobs_bp = Blueprint("jobs", __name__)
 
 OPENAI_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
-# Job failures caused by what the client sent (answered 400, not 500, by the sync endpoint).
-_CLIENT_FAILURES = frozenset({"audio_decode_failed", "audio_too_large", "unsupported_language"})
+# Job failures caused by what the client sent (answered 400, not 502, by the sync endpoint).
+_CLIENT_FAILURES = frozenset(
+    {"audio_decode_failed", "audio_too_large", "audio_too_long", "unsupported_language"}
+)
 _JSON_FIELDS = {"url", "language", "webhook_url", "word_timestamps", "prompt"}
 _FORM_FIELDS = {"language", "webhook_url", "word_timestamps", "prompt"}
 _TRUE = {"1", "true", "yes", "on"}
@@ -296,6 +299,12 @@ def get_transcript(job_id: str) -> Response:
 @require_api_token
 def openai_transcriptions() -> Response:
     """OpenAI-compatible synchronous transcription: submit, wait, answer in the asked format."""
+    # A slot before the upload is read: a refused request costs nothing and stores nothing.
+    with sync_slots().hold():
+        return _transcribe_and_wait()
+
+
+def _transcribe_and_wait() -> Response:
     svc = services()
     if request.mimetype != "multipart/form-data":
         raise ApiError(415, "unsupported_media_type", "send multipart/form-data")
@@ -327,9 +336,17 @@ def openai_transcriptions() -> Response:
         "word_timestamps": "true" if "word" in granularities else "false",
     }
     job, _ = create_upload_job(svc, upload, fields, g.owner, _idempotency_key())
-    finished = service.wait_until_finished(
-        svc.db, svc.redis, job["id"], svc.settings.api.sync_timeout_seconds
+    waited = wait_for_job(
+        svc.db,
+        svc.redis,
+        job["id"],
+        svc.settings.api.sync_timeout_seconds,
+        client_socket(request.environ),
     )
+    finished = waited.job
+    # From here a job exists: every answer names it and tells the official client not to
+    # retry (it retries 409 and 5xx answers, and a retry would submit the audio again).
+    no_retry = {"x-should-retry": "false"}
     if finished.status == JobStatus.SUCCEEDED.value and finished.transcript is not None:
         transcript = finished.transcript
         if fmt == "verbose_json" and "word" not in granularities:
@@ -344,13 +361,42 @@ def openai_transcriptions() -> Response:
         response = Response(body, content_type=media_type)
         response.headers["X-Murmur-Job-Id"] = finished.id
         return response
-    if finished.status in (JobStatus.FAILED.value, JobStatus.CANCELLED.value):
+    if finished.status == JobStatus.CANCELLED.value:
         raise ApiError(
-            400 if finished.error_code in _CLIENT_FAILURES else 500,
+            409,
+            "job_cancelled",
+            f"job {finished.id} was cancelled while this request waited",
+            extra={"job_id": finished.id},
+            headers=no_retry,
+        )
+    if finished.status == JobStatus.FAILED.value:
+        client_fault = finished.error_code in _CLIENT_FAILURES
+        raise ApiError(
+            # 502: the API is fine, the transcription behind it failed.
+            400 if client_fault else 502,
             finished.error_code or "transcription_failed",
             finished.error_message or "the transcription failed",
             extra={"job_id": finished.id},
-            headers={"x-should-retry": "false"},
+            headers=no_retry,
+        )
+    poll = {**no_retry, "Location": f"/v1/jobs/{finished.id}"}
+    if waited.broker_down:
+        raise ApiError(
+            503,
+            "broker_unavailable",
+            f"the job queue is unavailable; job {finished.id} is kept and runs once it is back: "
+            f"poll GET /v1/jobs/{finished.id}",
+            extra={"job_id": finished.id},
+            headers={**poll, "Retry-After": "5"},
+        )
+    if waited.client_gone:
+        # Nobody reads this; the status tells the access log why the wait ended.
+        raise ApiError(
+            499,
+            "client_closed_request",
+            "the client closed the connection",
+            extra={"job_id": finished.id},
+            headers=poll,
         )
     raise ApiError(
         504,
@@ -358,6 +404,5 @@ def openai_transcriptions() -> Response:
         f"the transcription did not finish within {svc.settings.api.sync_timeout_seconds:.0f} s; "
         f"poll GET /v1/jobs/{finished.id}",
         extra={"job_id": finished.id},
-        # The official client retries 5xx answers; a retry would submit the audio again.
-        headers={"x-should-retry": "false", "Location": f"/v1/jobs/{finished.id}"},
+        headers=poll,
     )

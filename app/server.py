@@ -1,0 +1,124 @@
+"""How the API is served: one gunicorn command line, and a thread worker whose own errors are JSON.
+
+Invariants:
+- `murmur api` (production, docker/) and `make up`/`make demo` (app/stack.py) build their
+  gunicorn command here, so both run the same worker class, limits and thread budget.
+- Each process gets `threads` general threads plus `api.sync_max_waiting` threads for
+  synchronous transcriptions; app/jobs/waiting.py never lets more than that many wait, so a
+  waiting request never takes a thread that any other request needs.
+- An error gunicorn answers itself (a request it cannot parse: headers too large, URI too
+  long, bad request line) has the API's JSON shape {"error": {"code", "message"}} and never
+  echoes the request back (a request line can carry a signed URL's signature).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from gunicorn import util
+from gunicorn.workers.gthread import ThreadWorker
+
+from app.config import Settings
+
+log = logging.getLogger(__name__)
+
+WORKER_CLASS = "app.server.JsonErrorThreadWorker"
+
+_GUNICORN_ERRORS = {
+    400: ("bad_request", "the request is not valid HTTP"),
+    403: ("forbidden", "the request is forbidden"),
+    414: ("uri_too_long", "the request line is longer than the server accepts"),
+    417: ("expectation_failed", "the Expect header asks for something the server does not do"),
+    431: (
+        "request_header_fields_too_large",
+        "the request headers are larger or more numerous than the server accepts",
+    ),
+    500: ("internal_error", "the server failed to handle the request"),
+    501: ("not_implemented", "the request uses a transfer coding the server does not support"),
+}
+
+
+def gunicorn_args(
+    settings: Settings, *, workers: int, threads: int, access_log: bool = True
+) -> list[str]:
+    """gunicorn's arguments (after the program name) for the API with these settings."""
+    args = [
+        "app:create_app()",
+        "--bind",
+        f"{settings.api.host}:{settings.api.port}",
+        "--workers",
+        str(workers),
+        "--threads",
+        str(threads + settings.api.sync_max_waiting),
+        "--worker-class",
+        WORKER_CLASS,
+        # Above the longest synchronous wait (sync_timeout_seconds is at most 590 s).
+        "--timeout",
+        "620",
+        "--graceful-timeout",
+        "30",
+    ]
+    if access_log:
+        args += [
+            "--access-logfile",
+            "-",
+            # The path only: a query string can carry a signed audio URL's signature.
+            "--access-logformat",
+            '%(h)s "%(m)s %(U)s %(H)s" %(s)s %(B)s %(L)ss',
+        ]
+    return args
+
+
+def json_error_bytes(status: int, reason: str) -> bytes:
+    """A complete HTTP/1.1 error answer with the API's JSON error body."""
+    code, message = _GUNICORN_ERRORS.get(status, ("http_error", reason or "the request failed"))
+    body = json.dumps({"error": {"code": code, "message": message}}).encode()
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\n"
+        "Connection: close\r\n"
+        "Content-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode("latin-1") + body
+
+
+class _CapturedAnswer:
+    """Stands in for the client socket while gunicorn writes its HTML error, to keep only the
+    status line; everything else (gunicorn's status mapping, logging, access log) is its own."""
+
+    def __init__(self, sock: Any) -> None:
+        self._sock = sock
+        self.data = b""
+
+    def gettimeout(self) -> float:
+        return 0.0  # so gunicorn's write_nonblock calls sendall directly
+
+    def sendall(self, data: bytes) -> None:
+        self.data += data
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+    def status(self) -> tuple[int, str] | None:
+        line = self.data.split(b"\r\n", 1)[0].decode("latin-1")
+        parts = line.split(" ", 2)
+        if len(parts) < 2 or not parts[1].isdigit():
+            return None
+        return int(parts[1]), parts[2] if len(parts) > 2 else ""
+
+
+class JsonErrorThreadWorker(ThreadWorker):  # type: ignore[misc]
+    """gunicorn's gthread worker, answering the errors it raises itself in the JSON shape."""
+
+    def handle_error(self, req: Any, client: Any, addr: Any, exc: BaseException) -> None:
+        captured = _CapturedAnswer(client)
+        super().handle_error(req, captured, addr, exc)
+        status = captured.status()
+        if status is None:
+            return
+        try:
+            util.write_nonblock(client, json_error_bytes(*status))
+        except Exception:
+            log.debug("failed to send an error answer")

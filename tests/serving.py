@@ -1,0 +1,74 @@
+"""The API under the production gunicorn command line (app/server.py), on a free loopback port."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+
+from app.config import load_settings
+from app.migrate import upgrade
+from app.server import gunicorn_args
+from tests.conftest import (
+    ADMIN_TOKEN,
+    API_TOKEN,
+    OTHER_TOKEN,
+    SIGNING_KEY,
+    WEBHOOK_SECRET,
+    Proc,
+    free_port,
+    start_process,
+    wait_for,
+)
+
+
+@dataclass
+class Gunicorn:
+    url: str
+    env: dict[str, str]
+    proc: Proc
+
+
+@contextmanager
+def gunicorn_api(
+    tmp_path: Path, redis_url: str, *, workers: int = 1, threads: int = 2, **extra: str
+) -> Iterator[Gunicorn]:
+    """Run `murmur api`'s gunicorn command with a fresh SQLite database; stop it on exit."""
+    port = free_port()
+    database_url = f"sqlite:///{tmp_path}/murmur.db"
+    upgrade(database_url)
+    env = {
+        **os.environ,
+        "MURMUR_DATABASE_URL": database_url,
+        "MURMUR_REDIS_URL": redis_url,
+        "MURMUR_STORAGE_PATH": str(tmp_path / "audio"),
+        "MURMUR_API_TOKEN": f"{API_TOKEN},{OTHER_TOKEN}",
+        "MURMUR_SIGNING_KEY": SIGNING_KEY,
+        "MURMUR_WEBHOOK_SECRET": WEBHOOK_SECRET,
+        "MURMUR_ADMIN_TOKEN": ADMIN_TOKEN,
+        "MURMUR_HOST": "127.0.0.1",
+        "MURMUR_PORT": str(port),
+        **extra,
+    }
+    args = gunicorn_args(load_settings(env=env), workers=workers, threads=threads)
+    proc = start_process([sys.executable, "-m", "gunicorn", *args], env, tmp_path / "api.log")
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        if proc.popen.poll() is not None:
+            raise AssertionError(f"gunicorn exited:\n{proc.output()}")
+        try:
+            return requests.get(f"{url}/healthz", timeout=1).status_code == 200
+        except requests.RequestException:
+            return False
+
+    try:
+        wait_for(up, 30, "gunicorn to answer /healthz", step=0.2)
+        yield Gunicorn(url, env, proc)
+    finally:
+        proc.stop()

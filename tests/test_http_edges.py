@@ -1,0 +1,138 @@
+"""Every error a client can see is {"error": {"code", "message"}}: gunicorn's own and Flask's.
+
+The gunicorn cases run the production command line (app/server.py) on loopback.
+"""
+
+from __future__ import annotations
+
+import io
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from tests.conftest import auth, make_settings
+from tests.serving import Gunicorn, gunicorn_api
+
+
+def _error(response: requests.Response, status: int, code: str) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    assert response.headers["Content-Type"].startswith("application/json"), response.headers
+    body = response.json()
+    assert set(body) == {"error"}
+    assert body["error"]["code"] == code
+    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
+    return body["error"]  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[Gunicorn]:
+    with gunicorn_api(tmp_path_factory.mktemp("edges"), redis_url) as api:
+        yield api
+
+
+def _raw(server: Gunicorn, request: bytes) -> bytes:
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(request)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    return answer
+
+
+def test_huge_header_is_431_json_without_echo(server: Gunicorn) -> None:
+    secret = "s3cr3t" * 2000
+    response = requests.get(f"{server.url}/healthz", headers={"X-Big": secret}, timeout=10)
+    _error(response, 431, "request_header_fields_too_large")
+    assert "s3cr3t" not in response.text
+
+
+def test_too_many_headers_is_431_json(server: Gunicorn) -> None:
+    headers = {f"X-H{i}": "x" for i in range(150)}
+    response = requests.get(f"{server.url}/healthz", headers=headers, timeout=10)
+    _error(response, 431, "request_header_fields_too_large")
+
+
+def test_long_uri_is_414_json_without_echo(server: Gunicorn) -> None:
+    response = requests.get(f"{server.url}/v1/jobs?sig=" + "q" * 9000, timeout=10)
+    _error(response, 414, "uri_too_long")
+    assert "qqqq" not in response.text
+
+
+def test_garbage_request_line_is_400_json(server: Gunicorn) -> None:
+    answer = _raw(server, b"NOT HTTP AT ALL\r\n\r\n")
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 "), answer
+    assert b"Content-Type: application/json" in head
+    assert b'"code": "bad_request"' in body
+    assert b"NOT HTTP" not in body
+
+
+def test_options_is_204_with_allow_and_no_html(server: Gunicorn) -> None:
+    response = requests.options(f"{server.url}/v1/jobs", timeout=10)
+    assert response.status_code == 204
+    assert {"GET", "POST"} <= {m.strip() for m in response.headers["Allow"].split(",")}
+    assert "html" not in response.headers.get("Content-Type", "")
+    assert response.content == b""
+
+
+def test_options_on_unknown_path_is_404_json(server: Gunicorn) -> None:
+    _error(requests.options(f"{server.url}/nowhere", timeout=10), 404, "not_found")
+
+
+def test_too_many_form_parts_is_413_naming_the_form_limit(server: Gunicorn) -> None:
+    fields = [(f"f{i}", (None, "x")) for i in range(1100)]
+    response = requests.post(f"{server.url}/v1/jobs", headers=auth(), files=fields, timeout=30)
+    error = _error(response, 413, "form_too_large")
+    assert "1000 parts" in error["message"]
+    assert "body is larger" not in error["message"]
+
+
+def test_flask_errors_are_json(tmp_path: Path, redis_url: str) -> None:
+    from app import create_app
+    from app.db import Database
+    from app.migrate import upgrade
+
+    url = f"sqlite:///{tmp_path}/murmur.db"
+    upgrade(url)
+    settings = make_settings(url, redis_url, tmp_path, MURMUR_MAX_UPLOAD_BYTES="100000")
+    db = Database(url)
+    try:
+        client = create_app(settings, db=db).test_client()
+
+        def check(response: Any, status: int, code: str) -> Any:
+            assert response.status_code == status, response.data
+            assert response.is_json, response.headers
+            assert response.get_json()["error"]["code"] == code
+            return response
+
+        check(client.get("/nowhere"), 404, "not_found")
+        put = check(client.put("/v1/jobs", headers=auth()), 405, "method_not_allowed")
+        assert "POST" in put.headers["Allow"]
+        big = check(
+            client.post(
+                "/v1/jobs",
+                headers=auth(),
+                data={"file": (io.BytesIO(b"\0" * 300_000), "a.wav")},
+                content_type="multipart/form-data",
+            ),
+            413,
+            "payload_too_large",
+        )
+        assert "body is larger" in big.get_json()["error"]["message"]
+        many = client.post(
+            "/v1/jobs",
+            headers=auth(),
+            data={f"f{i}": "x" for i in range(1100)},
+            content_type="multipart/form-data",
+        )
+        check(many, 413, "form_too_large")
+        options = client.options("/v1/jobs/abc")
+        assert options.status_code == 204 and options.data == b""
+        assert "html" not in options.headers.get("Content-Type", "")
+    finally:
+        db.dispose()
