@@ -139,6 +139,14 @@ def release(worker_id: str, instance_id: str, job_id: str) -> Response:
     return jsonify({"released": service.release_job(services().db, job_id, worker.id)})
 
 
+@internal_bp.post("/workers/<worker_id>/<instance_id>/jobs/<job_id>/status")
+def job_status(worker_id: str, instance_id: str, job_id: str) -> Response:
+    """Polled by a busy worker every few seconds: once it no longer holds the job (cancelled,
+    re-routed, finished elsewhere) it stops transcribing and frees itself."""
+    worker = authenticate_worker(worker_id, instance_id)
+    return jsonify({"held": service.job_held_by(services().db, job_id, worker.id)})
+
+
 @internal_bp.post("/workers/<worker_id>/<instance_id>/heartbeat")
 def heartbeat(worker_id: str, instance_id: str) -> Response:
     """Liveness without usage reports: the fleet deletes workers that miss three in a row."""

@@ -353,6 +353,13 @@ def record_heartbeat(db: Database, worker_id: str) -> None:
         s.execute(update(Worker).where(Worker.id == worker_id).values(last_seen_at=utcnow()))
 
 
+def job_held_by(db: Database, job_id: str, worker_id: str) -> bool:
+    """Whether the job is still running on this worker; a worker that hears no stops at once."""
+    with db.reader() as s:
+        job = s.get(Job, job_id)
+    return job is not None and job.status == JobStatus.RUNNING.value and job.worker_id == worker_id
+
+
 def release_job(db: Database, job_id: str, worker_id: str) -> bool:
     """A draining worker hands a running job back: it becomes claimable by the next worker."""
     with db.session() as s:
