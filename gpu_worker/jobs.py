@@ -1,7 +1,7 @@
 """One transcription job, start to finish: claim, download, decode, transcribe, report.
 
 A job the control plane lets go of while it runs (cancelled, re-routed) is stopped between
-segments (gpu_worker/cancel.py) and reported as `cancelled`, which frees the worker and is
+segments (gpu_worker/holding.py) and reported as `cancelled`, which frees the worker and is
 never stored as the job's outcome.
 
 Safe to run twice for the same id (acks_late redelivery, a retried task): the claim is the
@@ -22,8 +22,8 @@ import numpy as np
 import numpy.typing as npt
 from faster_whisper import decode_audio
 
-from gpu_worker.cancel import CHECK_INTERVAL_SECONDS, CancelWatch, JobCancelled
 from gpu_worker.client import AudioDownloadError, AudioTooLarge, ClaimedJob, ControlPlaneError
+from gpu_worker.holding import CHECK_INTERVAL_SECONDS, CancelWatch, JobCancelled
 from gpu_worker.state import JobEnd, WorkerState
 from gpu_worker.transcriber import SAMPLE_RATE, Checkpoint, Transcriber, UnsupportedLanguage
 from gpu_worker.transcript import Transcript
@@ -80,7 +80,7 @@ class JobContext:
     client: ControlPlane
     transcriber: Transcriber
     state: WorkerState
-    # How often a running job asks whether it is still wanted (gpu_worker/cancel.py).
+    # How often a running job asks whether it is still wanted (gpu_worker/holding.py).
     cancel_check_seconds: float = CHECK_INTERVAL_SECONDS
 
 

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 Audio = npt.NDArray[np.float32] | str | Path
 Backend = Literal["faster-whisper", "whisperx"]
 # Called between segments (or batches) of a transcription; raising from it stops the job
-# (gpu_worker/cancel.py), so a cancelled job does not hold the worker to the end.
+# (gpu_worker/holding.py), so a cancelled job does not hold the worker to the end.
 Checkpoint = Callable[[], None]
 
 SAMPLE_RATE = 16000

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import SecretStr
 
-from gpu_worker.cancel import CancelWatch, JobCancelled
 from gpu_worker.client import ControlPlaneClient, ControlPlaneUnavailable
+from gpu_worker.holding import CancelWatch, JobCancelled
 from gpu_worker.jobs import JobContext, Outcome, process_job
 from gpu_worker.state import WorkerState
 from gpu_worker.transcriber import FasterWhisperTranscriber

@@ -276,7 +276,7 @@ def test_memory_is_released_between_jobs_on_cuda(fake_stack):
 
 
 def test_the_checkpoint_runs_between_batches_and_can_stop_the_job(fake_stack):
-    from gpu_worker.cancel import JobCancelled
+    from gpu_worker.holding import JobCancelled
 
     transcriber = build(fake_stack)
     calls = []

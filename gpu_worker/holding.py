@@ -1,4 +1,4 @@
-"""Stopping a job the control plane no longer wants: a cheap, rate-limited check between segments.
+"""Whether this worker still holds its job: a cheap, rate-limited check between segments.
 
 A worker holds no database credentials and the broker carries no cancel message, so it learns
 that its job was cancelled (or re-routed, or finished elsewhere) by asking. The transcriber
