@@ -4,17 +4,18 @@ delays a webhook, never loses it; each attempt is sent once; a receiver that alw
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 import requests
-from celery import Celery
 
 from app import create_app
 from app.config import Settings
@@ -22,14 +23,15 @@ from app.credentials import InstanceCredential
 from app.db import Database
 from app.jobs import service, webhooks
 from app.models import Job, WorkerState, utcnow
-from tasks.celery_app import celery_config, make_celery
-from tasks.jobs import deliver_due
+from tasks.celery_app import celery_app, celery_config, make_celery
+from tasks.jobs import deliver_due, sweep_webhooks
 from tests.conftest import (
     FIXTURES,
     SIGNING_KEY,
     LiveApi,
     add_worker,
     auth,
+    start_process,
     wait_for,
 )
 
@@ -158,6 +160,7 @@ def test_the_beat_runs_the_webhook_sweep(settings: Settings) -> None:
     assert len(sweeps) == 1
     assert sweeps[0]["schedule"] <= settings.fleet.reconcile_interval_seconds
     assert sweeps[0]["options"]["queue"] == "control"
+    assert celery_app.tasks["murmur.control.sweep_webhooks"].name == sweep_webhooks.name
 
 
 def _worker_call(app_client: Any, worker: Any, path: str, body: dict[str, Any]) -> Any:
@@ -178,7 +181,7 @@ def receiver() -> Iterator[Receiver]:
 
 @pytest.mark.slow
 def test_a_webhook_announced_while_the_broker_was_down_arrives_exactly_once(
-    live_api: LiveApi, control_worker: Any, receiver: Receiver
+    live_api: LiveApi, control_worker: Any, receiver: Receiver, tmp_path: Path
 ) -> None:
     worker = add_worker(live_api.db, state=WorkerState.READY)
     response = requests.post(
@@ -202,31 +205,40 @@ def test_a_webhook_announced_while_the_broker_was_down_arrives_exactly_once(
     assert receiver.posts == []
     assert row(live_api.db, job_id).webhook_status == "pending"
 
-    # The broker is back; beat sends the sweep every few seconds (sent by hand here).
+    # The broker is back, and so is beat: its sweep finds the webhook in the database.
     broker = redis.Redis.from_url(live_api.settings.redis_url)
-
-    def sweep() -> None:
-        Celery(broker=live_api.settings.redis_url).send_task(
-            "murmur.control.sweep_webhooks", queue="control"
-        )
-
-    sweep()
-    wait_for(lambda: len(receiver.posts) == 1, 30, "the first attempt")
-    wait_for(
-        lambda: row(live_api.db, job_id).webhook_status == "retrying", 10, "the failed attempt"
+    beat = start_process(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tasks",
+            "beat",
+            "--schedule",
+            str(tmp_path / "beat-schedule"),
+            "--loglevel",
+            "INFO",
+        ],
+        live_api.env,
+        tmp_path / "beat.log",
     )
-    broker.flushdb()  # Redis loses its data: queued retries included
-
-    deadline = time.monotonic() + 60
-    while not receiver.delivered and time.monotonic() < deadline:  # beat, every second
-        sweep()
-        time.sleep(1.0)
+    interval = live_api.settings.fleet.reconcile_interval_seconds
+    try:
+        wait_for(lambda: len(receiver.posts) == 1, 6 * interval, "the sweep's first attempt")
+        wait_for(
+            lambda: row(live_api.db, job_id).webhook_status == "retrying",
+            10,
+            "the failed attempt to be recorded",
+        )
+        broker.flushdb()  # Redis loses its data: anything queued for the retry is gone
+        wait_for(lambda: receiver.delivered, 12 * interval, "the retry, from the sweep")
+        time.sleep(3 * interval)  # later sweeps find nothing due
+    finally:
+        beat.stop()
+    assert "murmur.control.sweep_webhooks" in beat.output()
     assert len(receiver.delivered) == 1
-    for _ in range(3):  # later sweeps find nothing due
-        sweep()
-    wait_for(lambda: broker.llen("control") == 0, 30, "the sweeps to be consumed")
-    time.sleep(1.0)
-    assert len(receiver.delivered) == 1
+    assert len(receiver.posts) == 2
     job = row(live_api.db, job_id)
     assert job.webhook_status == "delivered"
     assert job.webhook_attempts == 2
