@@ -101,6 +101,7 @@ def process_job(job_id: str, context: JobContext) -> Outcome:
         try:
             samples = _fetch_audio(context.client, claim)
             audio_seconds = samples.shape[0] / SAMPLE_RATE
+            watch()  # a long download or decode may have outlived the job
             transcript = _transcribe(context.transcriber, samples, claim, watch)
         except JobCancelled as stop:
             log.info("job %s: %s; stopped without a result", job_id, stop)

@@ -73,5 +73,28 @@ def test_a_cancelled_job_stops_early_and_stores_nothing(
     assert control_plane.results == {}
     assert control_plane.failures["job_1"]["code"] == "cancelled"
     status_calls = [p for m, p, _ in control_plane.requests if p.endswith("/jobs/job_1/status")]
-    assert len(status_calls) == 1  # stopped at the first check, after the first segment
+    assert len(status_calls) == 1  # stopped at the first check, before any transcription
     assert context.state.snapshot().current_job_id is None
+
+
+@pytest.mark.slow
+def test_faster_whisper_calls_the_checkpoint_after_each_segment(tiny_en_dir, fixtures_dir) -> None:
+    transcriber = FasterWhisperTranscriber(tiny_en_dir, compute_type="int8", cpu_threads=2)
+    audio = fixtures_dir / "speech-90s.wav"
+    calls: list[int] = []
+    transcript = transcriber.transcribe(
+        audio, language="en", prompt=None, word_timestamps=False, checkpoint=lambda: calls.append(1)
+    )
+    assert len(transcript.segments) > 1
+    assert len(calls) == len(transcript.segments)
+
+    def cancelled() -> None:
+        calls.append(1)
+        raise JobCancelled("job_1 is no longer held by this worker")
+
+    calls.clear()
+    with pytest.raises(JobCancelled):
+        transcriber.transcribe(
+            audio, language="en", prompt=None, word_timestamps=False, checkpoint=cancelled
+        )
+    assert calls == [1]  # stopped after the first segment, not at the end
