@@ -1,7 +1,8 @@
 """The workers' side door: readiness, claims, signed audio downloads, results and failures.
 
 Workers authenticate with their instance credential (see app.auth.authenticate_worker); the
-audio route needs no credential but a signed, expiring URL issued by a successful claim.
+audio route needs no credential but a signed, expiring URL issued by a successful claim, and
+serves only while that job is running on a worker.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from app.credentials import sign_audio_url, verify_audio_signature
 from app.errors import ApiError
 from app.fleet import readiness
 from app.jobs import service
-from app.models import Worker, utcnow
+from app.models import JobStatus, Worker, utcnow
 
 internal_bp = Blueprint("internal", __name__, url_prefix="/internal")
 
@@ -138,6 +139,14 @@ def release(worker_id: str, instance_id: str, job_id: str) -> Response:
     return jsonify({"released": service.release_job(services().db, job_id, worker.id)})
 
 
+@internal_bp.post("/workers/<worker_id>/<instance_id>/jobs/<job_id>/status")
+def job_status(worker_id: str, instance_id: str, job_id: str) -> Response:
+    """Polled by a busy worker every few seconds: once it no longer holds the job (cancelled,
+    re-routed, finished elsewhere) it stops transcribing and frees itself."""
+    worker = authenticate_worker(worker_id, instance_id)
+    return jsonify({"held": service.job_held_by(services().db, job_id, worker.id)})
+
+
 @internal_bp.post("/workers/<worker_id>/<instance_id>/heartbeat")
 def heartbeat(worker_id: str, instance_id: str) -> Response:
     """Liveness without usage reports: the fleet deletes workers that miss three in a row."""
@@ -154,6 +163,11 @@ def audio(job_id: str) -> Response:
     if not verify_audio_signature(svc.settings.reveal("signing_key"), job_id, expires, sig):
         raise ApiError(403, "invalid_signature", "the audio URL is invalid or has expired")
     job = service.get_job(svc.db, job_id)
+    # The URL is issued by a claim and serves only that run: once the job has ended, been
+    # cancelled or handed back, nobody holding an old URL may read the audio (the next
+    # claim issues a new one).
+    if job.status != JobStatus.RUNNING.value or job.worker_id is None:
+        raise ApiError(410, "audio_url_expired", "the job is no longer running on a worker")
     if job.audio_key is None:
         raise ApiError(404, "audio_not_found", "the job has no stored audio")
     return send_file(svc.storage.open(job.audio_key), mimetype="application/octet-stream")

@@ -7,7 +7,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, Float, Integer, String, Text, UniqueConstraint
+from sqlalchemy import JSON, DateTime, Float, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.db import Base
@@ -39,7 +39,11 @@ FINISHED_STATES = tuple(s.value for s in JobStatus if s.finished)
 
 class Job(Base):
     __tablename__ = "jobs"
-    __table_args__ = (UniqueConstraint("owner", "idempotency_key", name="uq_jobs_idempotency"),)
+    __table_args__ = (
+        UniqueConstraint("owner", "idempotency_key", name="uq_jobs_idempotency"),
+        # The webhook sweep's query: due webhooks (app/jobs/webhooks.py).
+        Index("ix_jobs_webhook_due", "webhook_status", "webhook_next_at"),
+    )
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("job"))
     status: Mapped[str] = mapped_column(String(16), index=True, default=JobStatus.QUEUED.value)
@@ -58,6 +62,9 @@ class Job(Base):
     word_timestamps: Mapped[bool] = mapped_column(default=False)
     webhook_url: Mapped[str | None] = mapped_column(Text)
     webhook_status: Mapped[str | None] = mapped_column(String(16))
+    # Attempts claimed so far, and when the next is due (or the current one's lease ends).
+    webhook_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    webhook_next_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     worker_id: Mapped[str | None] = mapped_column(String(40))
     error_code: Mapped[str | None] = mapped_column(String(64))

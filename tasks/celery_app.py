@@ -44,7 +44,16 @@ def celery_config(settings: Settings) -> dict[str, Any]:
                     "queue": CONTROL_QUEUE,
                     "expires": settings.fleet.reconcile_interval_seconds,
                 },
-            }
+            },
+            # Webhook retries are due times in the database, not ETA tasks Redis could lose.
+            "webhooks": {
+                "task": "murmur.control.sweep_webhooks",
+                "schedule": settings.fleet.reconcile_interval_seconds,
+                "options": {
+                    "queue": CONTROL_QUEUE,
+                    "expires": settings.fleet.reconcile_interval_seconds,
+                },
+            },
         },
         "timezone": "UTC",
     }

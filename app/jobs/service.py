@@ -353,6 +353,13 @@ def record_heartbeat(db: Database, worker_id: str) -> None:
         s.execute(update(Worker).where(Worker.id == worker_id).values(last_seen_at=utcnow()))
 
 
+def job_held_by(db: Database, job_id: str, worker_id: str) -> bool:
+    """Whether the job is still running on this worker; a worker that hears no stops at once."""
+    with db.reader() as s:
+        job = s.get(Job, job_id)
+    return job is not None and job.status == JobStatus.RUNNING.value and job.worker_id == worker_id
+
+
 def release_job(db: Database, job_id: str, worker_id: str) -> bool:
     """A draining worker hands a running job back: it becomes claimable by the next worker."""
     with db.session() as s:
@@ -367,7 +374,12 @@ def release_job(db: Database, job_id: str, worker_id: str) -> bool:
     return bool(moved)
 
 
-def _release_worker(db: Database, worker_id: str, job_id: str) -> None:
+def _release_worker(db: Database, worker_id: str, job_id: str, *, counted: bool) -> None:
+    """The worker is done with the job (it says so): free it; count the job only if `counted`.
+
+    A refused word (the job was cancelled, re-routed or already finished) still frees the
+    worker, but did nothing, so it must not grow `jobs_done`.
+    """
     now = utcnow()
     with db.session() as s:
         worker = s.get(Worker, worker_id)
@@ -376,7 +388,8 @@ def _release_worker(db: Database, worker_id: str, job_id: str) -> None:
         if worker.current_job_id == job_id:
             worker.current_job_id = None
             worker.idle_since = now
-        worker.jobs_done = (worker.jobs_done or 0) + 1
+        if counted:
+            worker.jobs_done = (worker.jobs_done or 0) + 1
         worker.last_seen_at = now
 
 
@@ -397,7 +410,7 @@ def store_result(
             "error_message": None,
         },
     )
-    _release_worker(db, worker_id, job_id)
+    _release_worker(db, worker_id, job_id, counted=stored)
     return stored
 
 
@@ -413,7 +426,7 @@ def store_failure(db: Database, job_id: str, worker_id: str, code: str, message:
             "error_message": message,
         },
     )
-    _release_worker(db, worker_id, job_id)
+    _release_worker(db, worker_id, job_id, counted=stored)
     return stored
 
 
