@@ -172,19 +172,32 @@ def routable_profile(session: Session, settings: Settings, now: datetime) -> str
     """The first enabled profile, in allowlist order, that has a live worker and no back-off.
 
     Submissions use it to dispatch at once when a worker is warm; everything else waits for the
-    reconcile, which provisions workers and re-routes.
+    reconcile, which provisions workers and re-routes. A profile without a live worker that
+    could get one (no back-off, no hold, max_workers above 0) stops the walk: new work prefers
+    it, so a later fallback's warm worker does not keep the job (app.fleet.planner does the
+    same).
     """
-    backed_off = select(ProfileState.name).where(ProfileState.backoff_until > now)
+    backed_off: set[str] = set()
+    held: set[str] = set()
+    for name, backing_off, holding in session.execute(
+        select(ProfileState.name, ProfileState.backoff_until > now, ProfileState.retry_at > now)
+    ):
+        if backing_off:
+            backed_off.add(name)
+        if holding:
+            held.add(name)
     live = set(
         session.execute(
-            select(Worker.profile)
-            .where(Worker.state.in_(LIVE_WORKER_STATES), Worker.profile.not_in(backed_off))
-            .distinct()
+            select(Worker.profile).where(Worker.state.in_(LIVE_WORKER_STATES)).distinct()
         ).scalars()
     )
     for profile in settings.enabled_profiles:
+        if profile.name in backed_off:
+            continue
         if profile.name in live:
             return profile.name
+        if profile.max_workers > 0 and profile.name not in held:
+            return None
     return None
 
 
