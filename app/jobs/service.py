@@ -16,7 +16,7 @@ from typing import Any
 
 import redis
 from celery import Celery
-from sqlalchemy import and_, delete, or_, select, update
+from sqlalchemy import and_, delete, literal, or_, select, union, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -177,26 +177,25 @@ def routable_profile(session: Session, settings: Settings, now: datetime) -> str
     it, so a later fallback's warm worker does not keep the job (app.fleet.planner does the
     same).
     """
-    backed_off: set[str] = set()
-    held: set[str] = set()
-    for name, backing_off, holding in session.execute(
-        select(ProfileState.name, ProfileState.backoff_until > now, ProfileState.retry_at > now)
-    ):
-        if backing_off:
-            backed_off.add(name)
-        if holding:
-            held.add(name)
-    live = set(
-        session.execute(
-            select(Worker.profile).where(Worker.state.in_(LIVE_WORKER_STATES)).distinct()
-        ).scalars()
-    )
+    # One round trip on the submission path: (profile, fact) pairs.
+    facts = {
+        (str(name), str(fact))
+        for name, fact in session.execute(
+            union(
+                select(Worker.profile, literal("live")).where(Worker.state.in_(LIVE_WORKER_STATES)),
+                select(ProfileState.name, literal("backoff")).where(
+                    ProfileState.backoff_until > now
+                ),
+                select(ProfileState.name, literal("held")).where(ProfileState.retry_at > now),
+            )
+        )
+    }
     for profile in settings.enabled_profiles:
-        if profile.name in backed_off:
+        if (profile.name, "backoff") in facts:
             continue
-        if profile.name in live:
+        if (profile.name, "live") in facts:
             return profile.name
-        if profile.max_workers > 0 and profile.name not in held:
+        if profile.max_workers > 0 and (profile.name, "held") not in facts:
             return None
     return None
 
