@@ -45,7 +45,8 @@ from tests.fleet.conftest import (
 from tests.fleet.test_reconcile import live, servers_in
 
 ROOT = Path(__file__).resolve().parents[2]
-LEASE = 1.0
+# Long enough that a loaded test machine does not starve the watchdog (it renews every third).
+LEASE = 2.0
 
 
 def _holder_settings(fleet: Fleet) -> dict[str, Any]:
@@ -96,17 +97,23 @@ def test_a_killed_control_worker_is_replaced_within_a_lease(make_fleet: MakeFlee
         holder.send_signal(signal.SIGKILL)
         holder.wait(5)
         killed = time.monotonic()
-        while not fleet.reconcile().ran:
+        while True:
+            taker = Lease(fleet.svc.redis, LOCK_KEY, LEASE)
+            if taker.acquire():
+                took = time.monotonic() - killed
+                taker.release()
+                break
             assert time.monotonic() - killed < 10 * LEASE, "the dead holder's lock never expired"
             time.sleep(0.02)
-        took = time.monotonic() - killed
+        assert fleet.reconcile().ran  # and the next reconcile runs
     finally:
         if holder.poll() is None:
             holder.kill()
             holder.wait(5)
         if holder.stdout is not None:
             holder.stdout.close()
-    assert took <= 2 * LEASE, f"a dead holder was replaced after {took:.2f} s"
+    # Its last renewal was at most a third of a lease before the kill.
+    assert took <= 1.5 * LEASE, f"a dead holder was replaced after {took:.2f} s"
 
 
 def test_a_slow_live_run_keeps_its_lock_and_completes(make_fleet: MakeFleet) -> None:
@@ -131,7 +138,7 @@ def test_a_slow_live_run_keeps_its_lock_and_completes(make_fleet: MakeFleet) -> 
         run.join(30)
         other.redis.close()
     report = result["report"]
-    assert report.ran and refused >= 10  # 3 leases long, refused every 0.1 s
+    assert report.ran and refused >= 20  # 3 leases long, refused every 0.1 s
     assert [w.profile for w in live(fleet)] == ["l4-par2"]  # the slow create was not abandoned
     assert len(servers_in(fleet, "fr-par-2")) == 1
     assert fleet.svc.redis.get(LOCK_KEY) is None  # released at the end
