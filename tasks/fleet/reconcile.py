@@ -29,6 +29,8 @@ from tasks.fleet.snapshot import read_snapshot
 log = logging.getLogger("murmur.fleet")
 
 LOCK_KEY = "murmur:fleet:reconcile-lock"
+# The name callers knew when the lock was a plain expiring lock.
+LockLost = LeaseLost
 
 
 @dataclass
