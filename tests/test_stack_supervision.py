@@ -77,3 +77,22 @@ def test_a_killed_child_stops_the_whole_stack_and_what_it_spawned(tmp_path: Path
         time.sleep(0.05)
     left = [pid for pid in everyone if _alive(pid)]
     assert left == [], f"still running after the stack stopped: {left}"
+
+
+def test_a_broker_that_stops_answering_stops_the_stack(tmp_path: Path) -> None:
+    from app.stack import Stack
+
+    stack = Stack(dict(os.environ), echo=(), logs=tmp_path)
+    answers = iter([True, False, False, False])
+    stack.probes["broker"] = lambda: next(answers, False)
+    stack.start("api", [sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        started = time.monotonic()
+        problem = stack.watch(poll=0.02, probe_every=0.05, probe_failures=3)
+        took = time.monotonic() - started
+        assert problem == "broker stopped answering"
+        assert took < BOUND_SECONDS
+        assert stack.dead() is None  # the caller stops the children
+    finally:
+        stack.stop()
+    assert stack.procs[0][1].poll() is not None
