@@ -85,6 +85,11 @@ class FleetSettings(_Strict):
     backoff_max_seconds: float = Field(default=900.0, gt=0)
     provider_timeout_seconds: float = Field(default=30.0, gt=0)
     max_attempts: int = Field(default=3, ge=1)
+    # The reconcile lock is a lease this long, renewed while the run is alive: a control worker
+    # that dies is replaced within it (tasks.fleet.lease).
+    reconcile_lease_seconds: float = Field(default=6.0, ge=1.0)
+    # /readyz fails when no reconcile completed for this long (app.fleet.liveness).
+    reconcile_stale_seconds: float = Field(default=180.0, gt=0)
 
 
 class BudgetSettings(_Strict):

@@ -220,10 +220,10 @@ def openapi_document() -> dict[str, Any]:
             "/healthz": {"get": _op("Liveness", {"200": {"description": "Alive"}}, security=[])},
             "/readyz": {
                 "get": _op(
-                    "Readiness: database and broker",
+                    "Readiness: database, broker and a recently completed fleet reconcile",
                     {
                         "200": {"description": "Ready"},
-                        "503": {"description": "A dependency failed"},
+                        "503": {"description": "A dependency failed or the control plane stalled"},
                     },
                     security=[],
                 )

@@ -332,16 +332,27 @@ def plan_fleet(state: FleetState) -> FleetPlan:
     # 3. Dispatch waiting jobs to free worker slots, in profile order. A worker runs one job at
     # a time, so a profile takes as many jobs as it has live, idle workers not already promised
     # a job; booting workers count, their jobs wait on the queue until they are ready.
+    # New work prefers the first profile that can take it: past a profile that could still get
+    # a worker, a fallback's ready workers get no new job (an idle one is left to retire); only
+    # its workers still starting take the jobs they were created for, as they are paid anyway.
     waiting = state.queued + len(requeues)
     pool = list(dict.fromkeys([r.job_id for r in requeues] + list(state.dispatchable)))
     dispatches: list[Dispatch] = []
     dispatch_left = rules.max_dispatch
     spare_slots = 0
+    reached: set[str] = set()  # profiles whose ready workers may take new jobs this round
+    preferred_open = False  # a profile before this one could still get a worker
     for p in state.profiles:
         t = tallies[p.name]
         if not p.enabled:
             continue
         free = sum(1 for w in t.workers if w.state in _SERVING and not w.busy) - t.dispatched
+        if preferred_open:
+            # Jobs already on its queue go to its ready workers first.
+            booting = sum(1 for w in t.workers if w.state in _SERVING - {"ready"} and not w.busy)
+            free = min(free, booting)
+        else:
+            reached.add(p.name)
         n = max(0, min(free, len(pool), dispatch_left))
         dispatches.extend(Dispatch(job_id, p.name) for job_id in pool[:n])
         del pool[:n]
@@ -351,6 +362,7 @@ def plan_fleet(state: FleetState) -> FleetPlan:
         # Slots left free only because this round offered no more ids: they take jobs next
         # round, so nobody provisions a worker for those jobs.
         spare_slots += max(0, free - n)
+        preferred_open = preferred_open or _can_grow(p, t, current_eur, rules, now)
     waiting = max(0, waiting)
 
     # 4. Provision for what still waits: the first profile, in order, that can get a worker.
@@ -390,13 +402,24 @@ def plan_fleet(state: FleetState) -> FleetPlan:
         return added
 
     # Jobs already on a profile's queue (the API dispatches at once to a warm profile) beyond
-    # its free workers need more workers of that same profile; they wait otherwise.
+    # its free workers need more workers of that same profile; they wait otherwise. A fallback
+    # grows only while every profile before it is unavailable: once the preferred one can get
+    # a worker again, the fallback's queue waits for the workers it has.
+    preferred: str | None = None  # an earlier profile that could still get a worker
     for p in state.profiles:
         t = tallies[p.name]
         free = sum(1 for w in t.workers if w.state in _SERVING and not w.busy)
         backlog = max(0, t.dispatched - free)
         if backlog and t.status == "ok":
-            add_workers(p, min(backlog, p.max_workers - t.live))
+            if preferred is None:
+                add_workers(p, min(backlog, p.max_workers - t.live))
+            else:
+                held_back.append(
+                    f"{p.name}: not grown for the {backlog} job(s) on its queue; "
+                    f"{preferred} is preferred and available again"
+                )
+        if preferred is None and p.enabled and _can_grow(p, t, planned_eur, rules, now):
+            preferred = p.name
 
     for p in state.profiles:
         if unmet == 0:
@@ -457,7 +480,7 @@ def plan_fleet(state: FleetState) -> FleetPlan:
                 teardown.append(
                     Delete(w.id, "profile disabled" if prof is not None else "profile removed")
                 )
-            elif waiting == 0 and now - _idle_ref(w) >= rules.idle_timeout:
+            elif (waiting == 0 or name not in reached) and now - _idle_ref(w) >= rules.idle_timeout:
                 teardown.append(Delete(w.id, "idle"))
 
     # 6. Instances nobody owns: unknown worker, or a worker that no longer claims them.
@@ -517,6 +540,17 @@ def _availability(p: ProfileSnapshot, now: datetime) -> str:
     if p.retry_at is not None and now < p.retry_at:
         return "held"
     return "ok"
+
+
+def _can_grow(
+    p: ProfileSnapshot, t: _Tally, hourly_eur: float, rules: FleetRules, now: datetime
+) -> bool:
+    """Whether `p` could get one more worker now: available, under max_workers and budget."""
+    return (
+        _availability(p, now) == "ok"
+        and t.live + t.new < p.max_workers
+        and hourly_eur + p.hourly_cost_eur <= rules.max_hourly_eur + _BUDGET_EPSILON
+    )
 
 
 def _idle_ref(w: WorkerSnapshot) -> datetime:

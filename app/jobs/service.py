@@ -16,7 +16,7 @@ from typing import Any
 
 import redis
 from celery import Celery
-from sqlalchemy import and_, delete, or_, select, update
+from sqlalchemy import and_, delete, literal, or_, select, union, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -172,19 +172,31 @@ def routable_profile(session: Session, settings: Settings, now: datetime) -> str
     """The first enabled profile, in allowlist order, that has a live worker and no back-off.
 
     Submissions use it to dispatch at once when a worker is warm; everything else waits for the
-    reconcile, which provisions workers and re-routes.
+    reconcile, which provisions workers and re-routes. A profile without a live worker that
+    could get one (no back-off, no hold, max_workers above 0) stops the walk: new work prefers
+    it, so a later fallback's warm worker does not keep the job (app.fleet.planner does the
+    same).
     """
-    backed_off = select(ProfileState.name).where(ProfileState.backoff_until > now)
-    live = set(
-        session.execute(
-            select(Worker.profile)
-            .where(Worker.state.in_(LIVE_WORKER_STATES), Worker.profile.not_in(backed_off))
-            .distinct()
-        ).scalars()
-    )
+    # One round trip on the submission path: (profile, fact) pairs.
+    facts = {
+        (str(name), str(fact))
+        for name, fact in session.execute(
+            union(
+                select(Worker.profile, literal("live")).where(Worker.state.in_(LIVE_WORKER_STATES)),
+                select(ProfileState.name, literal("backoff")).where(
+                    ProfileState.backoff_until > now
+                ),
+                select(ProfileState.name, literal("held")).where(ProfileState.retry_at > now),
+            )
+        )
+    }
     for profile in settings.enabled_profiles:
-        if profile.name in live:
+        if (profile.name, "backoff") in facts:
+            continue
+        if (profile.name, "live") in facts:
             return profile.name
+        if profile.max_workers > 0 and (profile.name, "held") not in facts:
+            return None
     return None
 
 

@@ -390,6 +390,22 @@ class MurmurCollector:
         for (profile, outcome), count in sorted(attempt_counts.items()):
             attempts.add_metric([profile, outcome], float(count))
         yield from (by_state, cost, planned, plan_recorded, budget, pending, attempts)
+        yield from self._control_plane(shared, now)
+
+    def _control_plane(self, shared: store.SharedState, now: float) -> Iterator[Metric]:
+        age = GaugeMetricFamily(
+            "murmur_fleet_reconcile_age_seconds",
+            "Seconds since a reconcile last completed: the control plane's liveness (no "
+            "sample until one ever completed).",
+        )
+        if shared.last_reconciled is not None:
+            age.add_metric([], max(now - shared.last_reconciled, 0.0))
+        bound = GaugeMetricFamily(
+            "murmur_fleet_reconcile_stale_seconds",
+            "The configured age above which /readyz reports the control plane stalled.",
+            value=self._settings.fleet.reconcile_stale_seconds,
+        )
+        yield from (age, bound)
 
     def _lifecycle(self, rows: Sequence[Any], profiles: list[str]) -> Iterator[Metric]:
         bounds = LIFECYCLE_BUCKETS
