@@ -82,6 +82,9 @@ class FleetSettings(_Strict):
     backoff_max_seconds: float = Field(default=900.0, gt=0)
     provider_timeout_seconds: float = Field(default=30.0, gt=0)
     max_attempts: int = Field(default=3, ge=1)
+    # Each worker gets its own Redis ACL user limited to its queue (tasks/fleet/broker_users.py);
+    # unset: on for cloud profiles, off for the local provider. Needs ACL rights (see docs).
+    worker_broker_users: bool | None = None
 
 
 class BudgetSettings(_Strict):

@@ -18,8 +18,13 @@ USER_DATA_LIMIT_BYTES = 16 * 1024
 
 
 def worker_environment(
-    settings: Settings, profile: Profile, worker_id: str, instance_id: str
+    settings: Settings,
+    profile: Profile,
+    worker_id: str,
+    instance_id: str,
+    broker_url: str | None = None,
 ) -> dict[str, str]:
+    """The worker's variables; `broker_url` carries its own broker user when it has one."""
     credential = InstanceCredential.derive(settings.reveal("signing_key"), worker_id, instance_id)
     stype = SERVER_TYPES.get(profile.server_type)
     device = "cuda" if stype is not None and stype.gpu is not None else "cpu"
@@ -28,7 +33,7 @@ def worker_environment(
         "MURMUR_INSTANCE_ID": instance_id,
         "MURMUR_WORKER_TOKEN": credential.token,
         "MURMUR_CONTROL_URL": settings.api.public_url.rstrip("/"),
-        "MURMUR_BROKER_URL": settings.worker_broker_url or settings.redis_url,
+        "MURMUR_BROKER_URL": broker_url or settings.worker_broker_url or settings.redis_url,
         "MURMUR_PROFILE": profile.name,
         "MURMUR_MODEL": profile.model,
         "MURMUR_DEVICE": device,

@@ -19,6 +19,7 @@ from redis.exceptions import LockError
 
 from app.fleet.planner import FleetPlan, plan_fleet
 from app.fleet.service import PLAN_KEY
+from tasks.fleet import broker_users
 from tasks.fleet.apply import Outcome, apply_plan
 from tasks.fleet.services import FleetServices
 from tasks.fleet.snapshot import read_snapshot
@@ -114,6 +115,7 @@ def reconcile(svc: FleetServices) -> ReconcileReport:
                 break
         if report.plan is not None:
             publish_plan(svc, report.plan)
+        broker_users.sweep_users(svc)  # users of workers retired by any path, or lost
     except LockLost:
         # Another run may be acting now; what this one did is consistent (every step is a
         # compare-and-set) and the next run re-reads everything.
