@@ -60,9 +60,7 @@ class AclRedis:
         self.control = redis.Redis.from_url(self.control_url)
 
     def as_user(self, name: str, password: str) -> redis.Redis:
-        return redis.Redis(
-            host="127.0.0.1", port=self.port, db=2, username=name, password=password
-        )
+        return redis.Redis(host="127.0.0.1", port=self.port, db=2, username=name, password=password)
 
     def users(self) -> list[str]:
         names = self.control.acl_users()
