@@ -130,7 +130,7 @@ class Settings(_Strict):
     database_url: str = "sqlite:///var/murmur.db"
     redis_url: str = "redis://127.0.0.1:6379/0"
     # The broker URL handed to workers (cloud-init), when it differs from the control plane's:
-    # a name they can reach, and ideally a Redis user limited to the transcribe.* queues.
+    # a name they can reach; each worker's own Redis user goes into it (fleet.worker_broker_users).
     worker_broker_url: str | None = None
     storage_path: str = "var/audio"
     default_language: str | None = None
