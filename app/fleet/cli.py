@@ -128,8 +128,6 @@ def smoke_command(
     Prints each worker's lifecycle timings and cost; exits 0 only when every profile
     transcribed and the provider shows nothing left. Ctrl-C deletes what was created.
     """
-    from tasks.fleet import smoke  # loads the Celery app: only when the command runs
-
     try:
         settings = load_settings()
     except ConfigError as exc:
@@ -145,6 +143,8 @@ def smoke_command(
         click.echo("cannot run:\n  - " + "\n  - ".join(problems), err=True)
         sys.exit(1)
     profiles = [p for p in settings.profiles if (p.name in names if names else p.enabled)]
+    from tasks.fleet import smoke  # builds the Celery app from the config: only once it is valid
+
     svc = smoke.process_services(settings)
 
     def stop(signum: int, frame: object) -> None:

@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 import redis
+from click.testing import CliRunner
 from sqlalchemy import select
 
+from app.cli import main as murmur
 from app.config import LOCAL_CPU_PROFILE
 from app.models import Job, Worker, WorkerState
 from tasks.celery_app import make_celery
@@ -113,3 +115,16 @@ def test_ctrl_c_deletes_everything_it_created(live_api: LiveApi, tmp_path: Path)
         assert worker.state == WorkerState.DELETED.value
         (job,) = s.scalars(select(Job)).all()
         assert job.status == "cancelled"
+
+
+def test_smoke_names_an_unknown_profile_and_creates_nothing(tmp_path: Path) -> None:
+    env = {
+        "MURMUR_API_TOKEN": "api-token-" + "a" * 32,
+        "MURMUR_SIGNING_KEY": "signing-key-" + "b" * 32,
+        "MURMUR_DATABASE_URL": f"sqlite:///{tmp_path}/murmur.db",
+        "MURMUR_LOCAL_STATE_DIR": str(tmp_path / "instances"),
+    }
+    result = CliRunner().invoke(murmur, ["smoke", "--profile", "nope"], env=env)
+    assert result.exit_code == 1
+    assert "--profile nope: no such profile" in result.output
+    assert not (tmp_path / "instances").exists()
