@@ -55,6 +55,9 @@ class LifecyclePhase:
     # Teardown is only a measurement when there was an instance to delete: a creation that
     # failed outright is marked deleted at once.
     needs_instance: bool = False
+    # Seconds the worker measured and reported in its runtime under this key (end - start
+    # otherwise).
+    runtime_key: str | None = None
 
 
 LIFECYCLE_PHASES = (
@@ -88,6 +91,13 @@ LIFECYCLE_PHASES = (
         Worker.delete_requested_at,
         Worker.deleted_at,
         needs_instance=True,
+    ),
+    LifecyclePhase(
+        "murmur_worker_image_pull_seconds",
+        "Worker lifecycle: the instance pulling the worker image (part of booted -> ready).",
+        None,
+        None,
+        runtime_key="image_pull_seconds",
     ),
 )
 
@@ -199,7 +209,12 @@ class MurmurCollector:
                 select(
                     Worker.profile,
                     Worker.instance_id.is_not(None),
-                    *(_seconds_between(dialect, ph.start, ph.end) for ph in LIFECYCLE_PHASES),
+                    *(
+                        Worker.runtime[ph.runtime_key].as_float()
+                        if ph.runtime_key is not None
+                        else _seconds_between(dialect, ph.start, ph.end)
+                        for ph in LIFECYCLE_PHASES
+                    ),
                 )
             ).all()
             job_rows = conn.execute(

@@ -43,6 +43,7 @@ from app.models import (
 )
 from app.observability import forget_worker, record_provision_attempt
 from tasks.dispatch import dispatch_job, requeue_job
+from tasks.fleet import broker_users
 from tasks.fleet.services import FleetServices
 from tasks.fleet.snapshot import Snapshot
 from tasks.providers.base import (
@@ -221,6 +222,10 @@ def _provision(svc: FleetServices, action: Provision) -> str | ProviderError:
         if hint is not None:
             with svc.db.session() as s:
                 _profile_state(s, profile.name).availability = hint
+        # Before the server exists, so its user data can carry this worker's own password.
+        broker_url = broker_users.worker_broker_url(
+            settings, broker_users.provision_user(svc, profile, worker_id)
+        )
 
         def bind(instance_id: str, resources: Mapping[str, Any]) -> Mapping[str, str]:
             # Recorded before the instance can start, so a crash from here on leaks nothing.
@@ -235,11 +240,13 @@ def _provision(svc: FleetServices, action: Provision) -> str | ProviderError:
                         created_at=svc.clock(),
                     )
                 )
-            return worker_environment(settings, profile, worker_id, instance_id)
+            return worker_environment(settings, profile, worker_id, instance_id, broker_url)
 
         instance = provider.create(profile, worker_id, bind)
     except ProviderError as exc:
         _creation_failed(svc, worker_id, exc)
+        if exc.instance_id is None:  # nothing left that could use it
+            broker_users.retire_user(svc, worker_id)
         _count_attempt(svc, profile.name, exc)
         if isinstance(exc, OutOfStock):
             _stocked_out(svc, profile, exc)
@@ -429,6 +436,7 @@ def _teardown(svc: FleetServices, worker_id: str, reason: str) -> bool:
             row.error = f"teardown: {result.detail}"
     if result.confirmed:
         _forget(svc, worker_id, reason)
+        broker_users.retire_user(svc, worker_id)
         log.info("fleet: deleted worker %s (%s)", worker_id, reason)
     else:
         log.info(

@@ -21,6 +21,7 @@ import redis
 from app.fleet.liveness import record_reconciled
 from app.fleet.planner import FleetPlan, plan_fleet
 from app.fleet.service import PLAN_KEY
+from tasks.fleet import broker_users
 from tasks.fleet.apply import Outcome, apply_plan
 from tasks.fleet.lease import Lease, LeaseLost
 from tasks.fleet.services import FleetServices
@@ -112,6 +113,8 @@ def reconcile(svc: FleetServices) -> ReconcileReport:
         if report.plan is not None:
             keep_lock()
             publish_plan(svc, report.plan)
+        keep_lock()
+        broker_users.sweep_users(svc)  # users of workers retired by any path, or lost
         keep_lock()
         record_reconciled(svc.redis, svc.clock())
     except LeaseLost:

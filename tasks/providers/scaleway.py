@@ -207,7 +207,7 @@ class ScalewayProvider:
         try:
             environment = bind(server.id, resources)
             # Rendered here, never logged: it carries the instance credential.
-            user_data = render_user_data(dict(environment)).encode()
+            user_data = render_user_data(dict(environment), profile).encode()
             self._call(
                 "set_server_user_data",
                 lambda: self._instance.set_server_user_data(
