@@ -24,6 +24,7 @@ from app.auth import WorkerCaller
 from app.config import Settings
 from app.db import Database, rows_changed
 from app.errors import ApiError
+from app.inputs import text_problem
 from app.models import (
     FINISHED_STATES,
     LIVE_WORKER_STATES,
@@ -52,6 +53,7 @@ class JobRequest:
     idempotency_key: str | None = None
     source_url: str | None = None
     filename: str | None = None
+    request_hash: str | None = None  # app/jobs/idempotency.py; set with idempotency_key
 
 
 def _as_utc(value: datetime | None) -> datetime | None:
@@ -125,6 +127,7 @@ def insert_job(
         webhook_url=req.webhook_url,
         webhook_status="pending" if req.webhook_url else None,
         idempotency_key=req.idempotency_key,
+        idempotency_hash=req.request_hash,
         status=JobStatus.QUEUED.value,
         **fields,
     )
@@ -478,6 +481,9 @@ def cursor_decode(value: str) -> tuple[datetime, str]:
         created, job_id = json.loads(base64.urlsafe_b64decode(padded.encode()))
         parsed = _as_utc(datetime.fromisoformat(created))
         assert parsed is not None
-        return parsed, str(job_id)
-    except (ValueError, TypeError, AssertionError) as exc:
+        # Checked here, not by assert: the id reaches SQL, and PostgreSQL refuses a NUL.
+        if not isinstance(job_id, str) or text_problem(job_id) is not None:
+            raise ValueError("not a job id")
+        return parsed, job_id
+    except (ValueError, TypeError, AssertionError, RecursionError) as exc:
         raise ApiError(400, "invalid_cursor", "cursor is not one this API returned") from exc
