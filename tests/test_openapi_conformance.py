@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlsplit
 
 import pytest
 import redis
@@ -30,6 +29,7 @@ from schemathesis.specs.openapi.checks import (
 from app import create_app
 from app.db import Database
 from tests.conftest import REDIS_URL, auth, make_settings
+from tests.hostile import loopback_only
 
 CHECKS = [
     not_a_server_error,
@@ -40,20 +40,6 @@ CHECKS = [
 ]
 EXAMPLES = 25
 _URL_FIELDS = ("url", "webhook_url")
-
-
-def loopback_only(value: Any) -> Any:
-    """An http(s) URL naming any host but 127.0.0.1 becomes one on 127.0.0.1 (same text kept)."""
-    if not isinstance(value, str):
-        return value
-    try:
-        parts = urlsplit(value)
-        host = parts.hostname
-    except ValueError:
-        return value
-    if parts.scheme.lower() in ("http", "https") and host not in (None, "127.0.0.1"):
-        return "http://127.0.0.1:9/" + quote(value, safe="")
-    return value
 
 
 @pytest.fixture()
