@@ -27,6 +27,7 @@ from app.jobs.service import cursor_encode
 from app.models import Job, WorkerState
 from gpu_worker.bounds import MAX_SECONDS
 from gpu_worker.transcript import Segment, Word
+from tasks.jobs import webhook_payload
 from tests.conftest import SIGNING_KEY, add_worker, auth
 from tests.test_api_input import SPEECH, error_of, job_count, upload
 from tests.test_worker_endpoints import call
@@ -159,6 +160,10 @@ def test_a_bad_stored_row_never_makes_invalid_json_or_a_500(
             strict_json(response.get_data())
     vtt = client.get(f"/v1/jobs/{job_id}/transcript?format=vtt", headers=auth())
     assert " --> " in vtt.get_data(as_text=True)
+    # The webhook body is built from the same job JSON: no NaN there either.
+    with db.reader() as s:
+        row = s.get(Job, job_id)
+    json.dumps(webhook_payload(row), allow_nan=False)
 
 
 def test_the_worker_never_builds_a_non_finite_transcript() -> None:

@@ -35,6 +35,7 @@ from app.models import (
     utcnow,
 )
 from app.observability import record_job_finished
+from gpu_worker.bounds import finite_or_none
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,9 @@ def job_json(job: Job) -> dict[str, Any]:
         "source": job.source,
         "filename": job.filename,
         "size_bytes": job.size_bytes,
-        "duration_seconds": job.duration_seconds,
+        # A row stored before the wire types refused non-finite numbers reads as null, so
+        # neither the API nor a webhook body ever holds NaN or Infinity.
+        "duration_seconds": finite_or_none(job.duration_seconds),
         "language": job.language,
         "word_timestamps": job.word_timestamps,
         "webhook_url": job.webhook_url,
@@ -86,7 +89,7 @@ def job_json(job: Job) -> dict[str, Any]:
         "dispatched_at": _iso(job.dispatched_at),
         "started_at": _iso(job.started_at),
         "finished_at": _iso(job.finished_at),
-        "processing_seconds": job.processing_seconds,
+        "processing_seconds": finite_or_none(job.processing_seconds),
         "error": (
             {"code": job.error_code, "message": job.error_message} if job.error_code else None
         ),
