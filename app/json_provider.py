@@ -19,4 +19,8 @@ class FiniteJSONProvider(DefaultJSONProvider):
 
     def dumps(self, obj: Any, **kwargs: Any) -> str:
         kwargs.setdefault("allow_nan", False)
-        return super().dumps(finite_or_none(obj), **kwargs)
+        try:
+            return super().dumps(obj, **kwargs)
+        except ValueError:
+            # Only a body holding NaN/Infinity pays for the walk (allow_nan=False refused it).
+            return super().dumps(finite_or_none(obj), **kwargs)

@@ -379,3 +379,11 @@ def test_a_form_part_without_a_name_is_400(client: Any, path: str) -> None:
     body = b"--XX\r\nContent-Disposition: form-data\r\n\r\nvalue\r\n--XX--\r\n"
     headers = {**auth(), "Content-Type": "multipart/form-data; boundary=XX"}
     error_of(client.post(path, data=body, headers=headers), 400, "unknown_field")
+
+
+def test_the_api_encoder_writes_non_finite_numbers_as_null(
+    settings: Settings, db: Database
+) -> None:
+    app = create_app(settings, db=db)
+    body = app.json.dumps({"a": [math.inf, {"b": math.nan}], "c": 1.5, "d": -math.inf})
+    assert strict_json(body) == {"a": [None, {"b": None}], "c": 1.5, "d": None}
