@@ -78,7 +78,12 @@ def test_every_operation_matches_the_document(api: Any, mode: GenerationMode) ->
             headers = {**auth(), **(case.headers or {})}
             if operation.path in ("/healthz", "/readyz", "/openapi.json"):
                 headers.pop("Authorization")
-            case.call_and_validate(headers=headers, checks=CHECKS)
+            checks = CHECKS
+            if operation.path == "/readyz":
+                # Its documented 503 (a dependency or the control plane is down) is an answer,
+                # not a server error; the other checks still hold it to the document.
+                checks = [check for check in CHECKS if check is not not_a_server_error]
+            case.call_and_validate(headers=headers, checks=checks)
 
         try:
             run()
