@@ -45,6 +45,22 @@ encodable_texts = st.text(max_size=40)
 header_texts = st.text(
     alphabet=st.characters(max_codepoint=255, exclude_characters="\r\n"), max_size=300
 )
+# Any other header a client may send, the bearer token included (framing headers excepted:
+# the test client sets those from the body).
+extra_headers = st.dictionaries(
+    st.one_of(
+        st.sampled_from(
+            ["Authorization", "Accept", "Accept-Language", "Content-Language", "Origin"]
+        ),
+        st.from_regex(r"[A-Za-z][A-Za-z0-9-]{0,20}", fullmatch=True).filter(
+            lambda name: (
+                name.lower() not in ("content-length", "content-type", "transfer-encoding", "host")
+            )
+        ),
+    ),
+    header_texts,
+    max_size=3,
+)
 
 nasty_floats = st.sampled_from(
     [math.inf, -math.inf, math.nan, 1e308, -1e308, 5e-324, -0.0, 2.0**63]

@@ -29,6 +29,7 @@ from tests.hostile import (
     assert_answer,
     dumps,
     encodable_texts,
+    extra_headers,
     header_texts,
     json_values,
     mutated_audio,
@@ -67,6 +68,7 @@ def api(app_settings: Settings) -> Iterator[tuple[Any, Database]]:
 
 
 def _headers(key: str | None, extra: dict[str, str] | None = None) -> dict[str, str]:
+    # Drawn headers replace the defaults, the bearer token included (then: 401 in the shape).
     headers = {**auth(), **(extra or {})}
     if key is not None:
         headers["Idempotency-Key"] = key
@@ -101,27 +103,39 @@ json_bodies = st.one_of(
 @given(
     body=st.one_of(json_bodies.map(dumps), raw_bodies),
     key=st.one_of(st.none(), header_texts),
+    headers=extra_headers,
     content_type=st.sampled_from(
         ["application/json", "application/json; charset=utf-8", "text/plain", "application/x"]
     ),
 )
 # The inputs of issue 10 run on every run, whatever else is drawn.
-@example(body="[" * 100_000, key=None, content_type="application/json")
-@example(body='{"url": "http://127.0.0.1:9/\\ud800"}', key=None, content_type="application/json")
+@example(body="[" * 100_000, key=None, headers={}, content_type="application/json")
+@example(
+    body='{"url": "http://127.0.0.1:9/\\ud800"}',
+    key=None,
+    headers={},
+    content_type="application/json",
+)
 @example(
     body='{"url": "http://127.0.0.1:9/a", "prompt": "a\\u0000"}',
     key="k",
+    headers={},
     content_type="application/json",
 )
 def test_json_submissions_never_fail_the_server(
-    api: tuple[Any, Database], app_settings: Settings, body: str, key: str | None, content_type: str
+    api: tuple[Any, Database],
+    app_settings: Settings,
+    body: str,
+    key: str | None,
+    headers: dict[str, str],
+    content_type: str,
 ) -> None:
     client, _ = api
     before = stored_files(app_settings.storage_path)
     response = client.post(
         "/v1/jobs",
         data=body.encode("utf-8", "surrogatepass"),
-        headers=_headers(key),
+        headers=_headers(key, headers),
         content_type=content_type,
     )
     answer = assert_answer(response)
@@ -139,9 +153,10 @@ def test_json_submissions_never_fail_the_server(
     audio=st.one_of(st.none(), st.just(SPEECH), st.binary(max_size=512), mutated_audio(SPEECH)),
     filename=encodable_texts,
     key=st.one_of(st.none(), header_texts),
+    headers=extra_headers,
 )
-@example(fields={"prompt": "a\x00"}, audio=SPEECH, filename="../../etc/x", key=None)
-@example(fields={}, audio=SPEECH, filename="\u202egnp.exe", key="k\x00")
+@example(fields={"prompt": "a\x00"}, audio=SPEECH, filename="../../etc/x", key=None, headers={})
+@example(fields={}, audio=SPEECH, filename="\u202egnp.exe", key="k\x00", headers={})
 def test_uploads_never_fail_the_server_nor_leave_files(
     api: tuple[Any, Database],
     app_settings: Settings,
@@ -149,6 +164,7 @@ def test_uploads_never_fail_the_server_nor_leave_files(
     audio: bytes | None,
     filename: str,
     key: str | None,
+    headers: dict[str, str],
 ) -> None:
     client, _ = api
     form: dict[str, Any] = {k: v for k, v in pin_urls(fields).items() if k != "file"}
@@ -156,7 +172,7 @@ def test_uploads_never_fail_the_server_nor_leave_files(
         form["file"] = (io.BytesIO(audio), filename)
     before = stored_files(app_settings.storage_path)
     response = client.post(
-        "/v1/jobs", data=form, headers=_headers(key), content_type="multipart/form-data"
+        "/v1/jobs", data=form, headers=_headers(key, headers), content_type="multipart/form-data"
     )
     answer = assert_answer(response)
     event(f"answered {response.status_code}")
