@@ -10,15 +10,17 @@ from __future__ import annotations
 from typing import Any
 
 from flask import Blueprint, Response, jsonify, request, send_file
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from app.auth import authenticate_worker
 from app.context import services
 from app.credentials import sign_audio_url, verify_audio_signature
 from app.errors import ApiError
 from app.fleet import readiness
+from app.inputs import StorableText, json_problem
 from app.jobs import service
 from app.models import JobStatus, Worker, utcnow
+from gpu_worker.bounds import MAX_TOKEN, Probability, Seconds, Statistic, Token
 
 internal_bp = Blueprint("internal", __name__, url_prefix="/internal")
 
@@ -27,43 +29,61 @@ MAX_RESULT_BYTES = 32 * 1024 * 1024
 
 
 class _Word(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    word: str
-    start: float = Field(ge=0)
-    end: float = Field(ge=0)
+    # Unknown fields are dropped, never stored: only what is declared here (finite, bounded
+    # numbers from gpu_worker/bounds.py) reaches the database and later the API's JSON.
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    word: StorableText
+    start: Seconds
+    end: Seconds
+    probability: Probability | None = None
 
 
 class _Segment(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    start: float = Field(ge=0)
-    end: float = Field(ge=0)
-    text: str
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    id: int | None = Field(default=None, ge=0, le=MAX_TOKEN)
+    seek: int | None = Field(default=None, ge=0, le=MAX_TOKEN)
+    start: Seconds
+    end: Seconds
+    text: StorableText
+    tokens: list[Token] | None = None
+    avg_logprob: Statistic | None = None
+    no_speech_prob: Probability | None = None
+    compression_ratio: Statistic | None = None
+    temperature: Statistic | None = None
     words: list[_Word] | None = None
 
 
 class _Transcript(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    text: str
-    language: str | None = None
-    duration: float = Field(default=0.0, ge=0)
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    text: StorableText
+    language: str | None = Field(default=None, max_length=16, pattern=r"^[A-Za-z_-]*$")
+    duration: Seconds = 0.0
     segments: list[_Segment]
 
 
 class _Result(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     transcript: _Transcript
-    processing_seconds: float = Field(ge=0)
+    processing_seconds: Seconds
 
 
 class _Failure(BaseModel):
     model_config = ConfigDict(extra="forbid")
     code: str = Field(pattern=r"^[a-z0-9_]{1,64}$")
-    message: str = Field(max_length=2000)
+    message: StorableText = Field(max_length=2000)
 
 
 class _Ready(BaseModel):
     model_config = ConfigDict(extra="forbid")
     runtime: dict[str, Any]
+
+    @field_validator("runtime")
+    @classmethod
+    def _storable(cls, runtime: dict[str, Any]) -> dict[str, Any]:
+        problem = json_problem(runtime, max_depth=4)
+        if problem is not None:
+            raise ValueError(problem)
+        return runtime
 
 
 def _body(model: type[BaseModel]) -> Any:

@@ -51,6 +51,9 @@ class Job(Base):
     profile: Mapped[str | None] = mapped_column(String(40), index=True)
     owner: Mapped[str] = mapped_column(String(64))  # sha256 of the API token that created it
     idempotency_key: Mapped[str | None] = mapped_column(String(255))
+    # SHA-256 (hex) of the request that used the key: a different request with the same key
+    # is refused (app/jobs/idempotency.py). Null for jobs without a key.
+    idempotency_hash: Mapped[str | None] = mapped_column(String(64))
     source: Mapped[str] = mapped_column(String(8))  # "upload" | "url"
     source_url: Mapped[str | None] = mapped_column(Text)
     audio_key: Mapped[str | None] = mapped_column(String(255))

@@ -24,6 +24,7 @@ from app.auth import WorkerCaller
 from app.config import Settings
 from app.db import Database, rows_changed
 from app.errors import ApiError
+from app.inputs import text_problem
 from app.models import (
     FINISHED_STATES,
     LIVE_WORKER_STATES,
@@ -34,6 +35,7 @@ from app.models import (
     utcnow,
 )
 from app.observability import record_job_finished
+from gpu_worker.bounds import finite_or_none
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +54,7 @@ class JobRequest:
     idempotency_key: str | None = None
     source_url: str | None = None
     filename: str | None = None
+    request_hash: str | None = None  # app/jobs/idempotency.py; set with idempotency_key
 
 
 def _as_utc(value: datetime | None) -> datetime | None:
@@ -74,7 +77,9 @@ def job_json(job: Job) -> dict[str, Any]:
         "source": job.source,
         "filename": job.filename,
         "size_bytes": job.size_bytes,
-        "duration_seconds": job.duration_seconds,
+        # A row stored before the wire types refused non-finite numbers reads as null, so
+        # neither the API nor a webhook body ever holds NaN or Infinity.
+        "duration_seconds": finite_or_none(job.duration_seconds),
         "language": job.language,
         "word_timestamps": job.word_timestamps,
         "webhook_url": job.webhook_url,
@@ -84,7 +89,7 @@ def job_json(job: Job) -> dict[str, Any]:
         "dispatched_at": _iso(job.dispatched_at),
         "started_at": _iso(job.started_at),
         "finished_at": _iso(job.finished_at),
-        "processing_seconds": job.processing_seconds,
+        "processing_seconds": finite_or_none(job.processing_seconds),
         "error": (
             {"code": job.error_code, "message": job.error_message} if job.error_code else None
         ),
@@ -125,6 +130,7 @@ def insert_job(
         webhook_url=req.webhook_url,
         webhook_status="pending" if req.webhook_url else None,
         idempotency_key=req.idempotency_key,
+        idempotency_hash=req.request_hash,
         status=JobStatus.QUEUED.value,
         **fields,
     )
@@ -503,6 +509,9 @@ def cursor_decode(value: str) -> tuple[datetime, str]:
         created, job_id = json.loads(base64.urlsafe_b64decode(padded.encode()))
         parsed = _as_utc(datetime.fromisoformat(created))
         assert parsed is not None
-        return parsed, str(job_id)
-    except (ValueError, TypeError, AssertionError) as exc:
+        # Checked here, not by assert: the id reaches SQL, and PostgreSQL refuses a NUL.
+        if not isinstance(job_id, str) or text_problem(job_id) is not None:
+            raise ValueError("not a job id")
+        return parsed, job_id
+    except (ValueError, TypeError, AssertionError, RecursionError) as exc:
         raise ApiError(400, "invalid_cursor", "cursor is not one this API returned") from exc
