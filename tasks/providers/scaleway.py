@@ -3,7 +3,8 @@
 Create = `create_server` (tagged, zone, image, security group, Block root volume; the server
 stays stopped) -> cloud-init user data -> `poweron`. Delete follows the teardown recipe: no
 single call removes a server with its Block volumes and flexible IPs, so each is removed and
-read back. Every SDK call runs under `bounded` because the SDK gives requests no timeout.
+read back. Every state the API reports has a next step (`teardown_step`), so no server is left
+billed because its state had no way out. Every SDK call runs under `bounded` because the SDK gives requests no timeout.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, TypeVar
 
 import requests
@@ -22,7 +23,6 @@ from scaleway.instance.v1.custom_api import InstanceUtilsV1API
 
 from app.config import Profile, Settings
 from app.fleet.cloudinit import render_user_data
-from app.fleet.planner import STOPPED_STATES
 from tasks.providers.base import (
     FLEET_TAG,
     PROFILE_TAG,
@@ -108,6 +108,48 @@ def classify(exc: BaseException, what: str) -> ProviderError:
     return InvalidArgument(said)
 
 
+# The one next step of a teardown, per state the API reports (shared/reference/scaleway.md
+# §2 "Teardown recipe", §3 allowed_actions).
+DELETE = "delete"
+TERMINATE = "terminate"  # the ServerAction values, as plain strings
+STOP_IN_PLACE = "stop_in_place"
+POWEROFF = "poweroff"
+WAIT = "wait"
+_PREFERRED = (TERMINATE, STOP_IN_PLACE, POWEROFF)
+
+
+def teardown_step(state: str, allowed: Collection[str]) -> str:
+    """What to send to a server in `state` to move it toward gone (pure; table-tested).
+
+    - `stopped`: DELETE (terminate is not allowed there; DELETE takes a stopped server).
+    - `stopping`, `locked`: wait; the API accepts nothing meanwhile (a locked server is held by
+      Scaleway; the teardown stays pending, with the state in the worker's error).
+    - `running`, `stopped in place`: terminate (stops and deletes it; Block volumes detach).
+    - `starting`: `stop_in_place`, the only stop it allows (it may never leave `starting`),
+      then `terminate` from `stopped in place`.
+    - any other state: the first of terminate, stop_in_place, poweroff it allows, else wait.
+    A listed action wins over the per-state default, so an API that allows more still gets a
+    step that works.
+    """
+    if state == "stopped":
+        return DELETE
+    if state in ("stopping", "locked"):
+        return WAIT
+    for action in _PREFERRED:
+        if action in allowed:
+            return action
+    if state in ("running", "stopped in place", "stopped_in_place"):
+        return TERMINATE
+    if state == "starting":
+        return STOP_IN_PLACE
+    return WAIT
+
+
+def _still_there(instance_id: str, server: Any) -> str:
+    detail = f" ({server.state_detail})" if getattr(server, "state_detail", None) else ""
+    return f"server {instance_id} is {server.state}{detail}"
+
+
 class ScalewayProvider:
     name = "scaleway"
 
@@ -163,6 +205,7 @@ class ScalewayProvider:
             worker_id=worker_id,
             profile=tag_value(tags, PROFILE_TAG),
             resources=self._resources(server, zone, worker_id),
+            detail=str(server.state_detail or ""),
         )
 
     def _get_server(self, instance_id: str, zone: str) -> Any | None:
@@ -293,15 +336,19 @@ class ScalewayProvider:
 
         try:
             # 1-3: learn the server's Block volumes and flexible IPs, stop it, wait until gone.
+            # A server may need several steps (starting -> stop_in_place -> stopped in place ->
+            # terminate): look, act, look again until it is gone or the pass's time is up.
             server = self._get_server(instance_id, zone)
-            if server is not None:
+            sent: set[tuple[str, str]] = set()
+            while server is not None:
                 learned = self._resources(server, zone, worker_id)
                 volumes = list(dict.fromkeys(volumes + learned["volumes"]))
                 ips = list(dict.fromkeys(ips + learned["ips"]))
-                self._remove_server(server, zone)
-                server = self._wait(lambda: self._get_server(instance_id, zone), deadline)
-                if server is not None:
-                    return progress(False, f"server {instance_id} is {server.state}")
+                self._remove_server(server, zone, sent)
+                if time.monotonic() + self._poll >= deadline:
+                    return progress(False, _still_there(instance_id, server))
+                time.sleep(self._poll)
+                server = self._get_server(instance_id, zone)
             # 4: Block volumes are only detached by terminate; delete each once available.
             volumes = [v for v in volumes if not self._delete_volume(v, zone, deadline)]
             # 5-6: flexible IPs outlive servers: those recorded, then any carrying our tag.
@@ -325,41 +372,29 @@ class ScalewayProvider:
 
     # -- teardown steps ---------------------------------------------------------------------
 
-    def _remove_server(self, server: Any, zone: str) -> None:
+    def _remove_server(self, server: Any, zone: str, sent: set[tuple[str, str]]) -> None:
+        """Send the next `teardown_step` for the server's state, each step once per state."""
         state = str(server.state)
-        allowed = {str(a) for a in server.allowed_actions or []}
+        step = teardown_step(state, [str(a) for a in server.allowed_actions or []])
+        if step == WAIT or (state, step) in sent:
+            return
+        sent.add((state, step))
         try:
-            if state in STOPPED_STATES:
-                # terminate is not allowed on a stopped server; a plain DELETE is.
+            if step == DELETE:
                 self._call(
                     "delete_server",
                     lambda: self._instance.delete_server(server_id=server.id, zone=zone),
                 )
-            elif "terminate" in allowed:
+            else:
+                action = ServerAction(step)
                 self._call(
-                    "server_action terminate",
+                    f"server_action {step}",
                     lambda: self._instance.server_action(
-                        server_id=server.id, action=ServerAction.TERMINATE, zone=zone
-                    ),
-                )
-            elif "poweroff" in allowed:
-                # Neither deletable nor terminable yet: stop it, a later pass deletes it.
-                self._call(
-                    "server_action poweroff",
-                    lambda: self._instance.server_action(
-                        server_id=server.id, action=ServerAction.POWEROFF, zone=zone
+                        server_id=server.id, action=action, zone=zone
                     ),
                 )
         except (_NotFound, _Busy):
-            pass  # already going away, or changing state: the next pass looks again
-
-    def _wait(self, probe: Callable[[], Any | None], deadline: float) -> Any | None:
-        """Probe until it returns None (gone) or the deadline passes; the last answer."""
-        found = probe()
-        while found is not None and time.monotonic() + self._poll < deadline:
-            time.sleep(self._poll)
-            found = probe()
-        return found
+            pass  # already going away, or changing state: the next look decides again
 
     def _volume_status(self, volume_id: str, zone: str) -> str | None:
         try:

@@ -11,8 +11,15 @@ deterministic. Faults are injected per operation, zone and commercial type: out 
 quota, permission, 500 (JSON), 502 (HTML), invalid argument, slow answers, a server that never
 leaves `starting`, a flexible IP attached at power-on (a leak to clean up).
 
-Assumptions where the reference is silent: a `starting` server allows `poweroff`/`terminate`;
-deleting a Block volume that is still attached answers 409 `precondition_failed`.
+Each state allows what recorded traffic shows (`ALLOWED_ACTIONS`): a `starting` server only
+`stop_in_place`/`backup`, so the way out of a start that never ends is `stop_in_place`, then
+`terminate` from `stopped in place`; DELETE takes only a `stopped` server; a `locked` server
+allows nothing. An action a state does not allow answers 409 `transient_state` in a transient
+state (`starting`, `stopping`, `locked`) and 400 otherwise. An out-of-stock may also come after
+an accepted `poweron`: the server falls back to `stopped`, state_detail "out of stock".
+
+Assumptions where the reference is silent: deleting a Block volume that is still attached
+answers 409 `precondition_failed`; a `stop_in_place` releases nothing (IPs stay attached).
 """
 
 from __future__ import annotations
@@ -39,7 +46,18 @@ CATALOG = {
 
 RUNNING_ACTIONS = ["poweroff", "terminate", "reboot", "stop_in_place", "backup"]
 STOPPED_ACTIONS = ["poweron", "backup"]
-STARTING_ACTIONS = ["poweroff", "terminate"]
+STARTING_ACTIONS = ["stop_in_place", "backup"]
+STOPPED_IN_PLACE_ACTIONS = ["poweron", "poweroff", "terminate", "reboot", "backup"]
+# What each state the API reports allows (shared/reference/scaleway.md §3, recorded traffic).
+ALLOWED_ACTIONS: dict[str, list[str]] = {
+    "running": RUNNING_ACTIONS,
+    "stopped": STOPPED_ACTIONS,
+    "starting": STARTING_ACTIONS,
+    "stopped in place": STOPPED_IN_PLACE_ACTIONS,
+    "stopping": [],
+    "locked": [],
+}
+_TRANSIENT = ("starting", "stopping", "locked")
 
 
 def _now() -> str:
@@ -50,8 +68,9 @@ def _now() -> str:
 class Fault:
     op: str  # create | poweron | terminate | poweroff | delete_server | get_server | list_servers
     #          user_data | availability | get_volume | delete_volume | delete_ip | list_ips | any
-    kind: str  # out_of_stock | quota | permission | server_error | bad_gateway | invalid | slow
-    #            never_start | attach_flexible_ip
+    kind: str  # out_of_stock | quota | permission | server_error | bad_gateway | empty_5xx
+    #            invalid | image_not_found | slow | never_start | attach_flexible_ip
+    #            stock_after_poweron (accepted, then back to stopped: "out of stock")
     zone: str | None = None
     commercial_type: str | None = None
     times: int | None = None  # None: every time
@@ -96,6 +115,20 @@ _ERRORS: dict[str, tuple[int, dict[str, Any]]] = {
             "type": "invalid_arguments",
             "message": "invalid argument(s)",
             "details": [{"argument_name": "image", "reason": "constraint", "help_message": "bad"}],
+        },
+    ),
+    "image_not_found": (
+        400,
+        {
+            "type": "invalid_arguments",
+            "message": "invalid argument(s)",
+            "details": [
+                {
+                    "argument_name": "image",
+                    "reason": "constraint",
+                    "help_message": "image not found",
+                }
+            ],
         },
     ),
 }
@@ -232,13 +265,28 @@ class InstanceEmulator:
         with self.lock:
             return dict(self.servers[sid].user_data)
 
-    def set_state(self, sid: str, state: str) -> None:
-        """Force a server's state (e.g. a worker that died and left its server stopped)."""
+    def set_state(
+        self,
+        sid: str,
+        state: str,
+        *,
+        detail: str = "",
+        allowed: list[str] | None = None,
+        then: str | None = None,
+    ) -> None:
+        """Force a server's state (e.g. a worker that died and left its server stopped).
+
+        `allowed` defaults to what the API allows in that state (none for a state it does not
+        know); `then` is the state it reaches after `stop_observations` reads ("gone" too).
+        """
         with self.lock:
             srv = self.servers[sid]
-            srv.pending = None
+            srv.pending = None if then is None else (then, self.stop_observations)
             srv.data["state"] = state
-            srv.data["allowed_actions"] = STOPPED_ACTIONS if state == "stopped" else RUNNING_ACTIONS
+            srv.data["state_detail"] = detail
+            srv.data["allowed_actions"] = list(
+                ALLOWED_ACTIONS.get(state, []) if allowed is None else allowed
+            )
 
     def start(self) -> str:
         self._server = make_server(
@@ -289,6 +337,8 @@ class InstanceEmulator:
                 answer = answer or Response(
                     "<html>502 Bad Gateway</html>", 502, content_type="text/html"
                 )
+            elif f.kind == "empty_5xx":
+                answer = answer or Response(b"", 503)
             elif f.kind in _ERRORS:
                 status, body = _ERRORS[f.kind]
                 answer = answer or self._json(body, status)
@@ -341,10 +391,18 @@ class InstanceEmulator:
             self._remove(srv)
         elif target == "running":
             srv.data.update(state="running", state_detail="booted", allowed_actions=RUNNING_ACTIONS)
-        elif target == "stopped":
-            srv.data.update(state="stopped", state_detail="", allowed_actions=STOPPED_ACTIONS)
+        elif target in ("stopped", "out of stock"):
+            # An out-of-stock after an accepted poweron: back to stopped, saying why.
+            detail = "out of stock" if target == "out of stock" else ""
+            srv.data.update(state="stopped", state_detail=detail, allowed_actions=STOPPED_ACTIONS)
             srv.data["public_ips"] = [ip for ip in srv.data["public_ips"] if not ip["dynamic"]]
             srv.data["public_ip"] = srv.data["public_ips"][0] if srv.data["public_ips"] else None
+        elif target == "stopped in place":
+            srv.data.update(
+                state="stopped in place",
+                state_detail="",
+                allowed_actions=STOPPED_IN_PLACE_ACTIONS,
+            )
 
     def _remove(self, srv: _Server) -> None:
         sid = srv.data["id"]
@@ -516,7 +574,7 @@ class InstanceEmulator:
             if srv is None or sid not in self.servers:
                 return self._not_found(sid)
             if request.method == "DELETE":
-                if srv.data["state"] not in ("stopped", "stopped in place"):
+                if srv.data["state"] != "stopped":
                     return self._error(
                         400, "invalid_request_error", "instance must be stopped to be deleted"
                     )
@@ -540,7 +598,7 @@ class InstanceEmulator:
             if sid not in self.servers:
                 return self._not_found(sid)
             if action not in srv.data["allowed_actions"]:
-                if srv.data["state"] in ("starting", "stopping"):
+                if srv.data["state"] in _TRANSIENT:
                     return self._error(
                         409,
                         "transient_state",
@@ -577,14 +635,22 @@ class InstanceEmulator:
                 if isinstance(fault, Fault) and fault.kind == "attach_flexible_ip":
                     srv.data["public_ips"].append(self._flexible_ip(zone, srv))
                 srv.data["public_ip"] = srv.data["public_ips"][0]
-                never = isinstance(fault, Fault) and fault.kind == "never_start"
-                srv.pending = None if never else ("running", self.boot_observations)
+                kind = fault.kind if isinstance(fault, Fault) else None
+                if kind == "never_start":
+                    srv.pending = None
+                elif kind == "stock_after_poweron":
+                    srv.pending = ("out of stock", self.boot_observations)
+                else:
+                    srv.pending = ("running", self.boot_observations)
             elif action == "terminate":
                 srv.data.update(state="stopping", allowed_actions=[])
                 srv.pending = ("gone", self.stop_observations)
             elif action == "poweroff":
                 srv.data.update(state="stopping", allowed_actions=[])
                 srv.pending = ("stopped", self.stop_observations)
+            elif action == "stop_in_place":
+                srv.data.update(state="stopping", allowed_actions=[])
+                srv.pending = ("stopped in place", self.stop_observations)
             task = {
                 "id": str(uuid.uuid4()),
                 "description": f"server_{action}",

@@ -1,0 +1,128 @@
+"""Every server state the Scaleway API reports has a way out that leaves nothing billed.
+
+`teardown_step` maps (state, allowed_actions) to the next call; each state is then driven
+through the emulator with the real SDK, with a Block root volume and a flexible IP attached,
+until the provider reads back that server, volume and IP are gone.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from app.config import Settings
+from tasks.providers.scaleway import (
+    DELETE,
+    POWEROFF,
+    STOP_IN_PLACE,
+    TERMINATE,
+    WAIT,
+    ScalewayProvider,
+    teardown_step,
+)
+from tests.fleet.conftest import L4, P100, fleet_settings
+from tests.fleet.emulator import ALLOWED_ACTIONS, InstanceEmulator
+
+NOTHING = {"servers": 0, "ips": 0, "volumes": 0}
+
+STEPS = [
+    # state, allowed_actions, next step
+    ("stopped", ALLOWED_ACTIONS["stopped"], DELETE),
+    ("stopped", [], DELETE),
+    ("stopped in place", ALLOWED_ACTIONS["stopped in place"], TERMINATE),
+    ("stopped_in_place", [], TERMINATE),  # the Python SDK's spelling
+    ("starting", ALLOWED_ACTIONS["starting"], STOP_IN_PLACE),
+    ("starting", [], STOP_IN_PLACE),
+    ("running", ALLOWED_ACTIONS["running"], TERMINATE),
+    ("running", [], TERMINATE),
+    ("stopping", [], WAIT),
+    ("locked", [], WAIT),
+    ("locked", ["terminate"], WAIT),  # locked by Scaleway: nothing is accepted meanwhile
+    ("rescuing", ["poweroff", "backup"], POWEROFF),  # a state we do not know: what it allows
+    ("rescuing", ["stop_in_place"], STOP_IN_PLACE),
+    ("rescuing", ["backup"], WAIT),
+]
+
+
+@pytest.mark.parametrize(("state", "allowed", "step"), STEPS)
+def test_teardown_step_for_every_state(state: str, allowed: list[str], step: str) -> None:
+    assert teardown_step(state, allowed) == step
+
+
+@pytest.fixture()
+def settings(emulator: InstanceEmulator) -> Settings:
+    groups = {
+        "workers-par2": {"id": emulator.add_security_group("fr-par-2", "m"), "zone": "fr-par-2"},
+        "workers-par1": {"id": emulator.add_security_group("fr-par-1", "m"), "zone": "fr-par-1"},
+    }
+    return fleet_settings(emulator.url, groups, [L4, P100], fleet={"provider_timeout_seconds": 1.0})
+
+
+@pytest.fixture()
+def provider(settings: Settings) -> ScalewayProvider:
+    return ScalewayProvider(settings, poll_interval=0.01, teardown_wait=1.0)
+
+
+def _server(emulator: InstanceEmulator, settings: Settings, provider: ScalewayProvider) -> str:
+    """A powered-on server with its Block volume and a flexible IP."""
+    emulator.inject("poweron", "attach_flexible_ip", times=1)
+    instance = provider.create(settings.profile("l4-par2"), "wrk_t", lambda i, r: {})
+    assert emulator.inventory() == {"servers": 1, "ips": 1, "volumes": 1}
+    return instance.instance_id
+
+
+# state forced on the server, and the state it moves to by itself (None: it stays)
+WAYS_OUT = [
+    ("stopped", None),
+    ("stopped in place", None),
+    ("starting", None),  # a stuck allocation: never leaves starting by itself
+    ("running", None),
+    ("stopping", "stopped"),
+    ("stopping", "stopped in place"),
+    ("rescuing", None),  # unknown to us; allows poweroff (below)
+]
+
+
+@pytest.mark.parametrize(("state", "then"), WAYS_OUT)
+def test_every_state_is_torn_down_to_nothing(
+    emulator: InstanceEmulator,
+    settings: Settings,
+    provider: ScalewayProvider,
+    state: str,
+    then: str | None,
+) -> None:
+    sid = _server(emulator, settings, provider)
+    allowed = ["poweroff", "backup"] if state == "rescuing" else None
+    emulator.set_state(sid, state, allowed=allowed, then=then)
+    # Only the zone, as an orphan sweep knows it: the teardown learns volume and IP itself.
+    result = provider.delete(sid, {"zone": "fr-par-2"})
+    assert result.confirmed, result.detail
+    assert provider.get(sid, {"zone": "fr-par-2"}) is None
+    assert emulator.inventory() == NOTHING
+
+
+def test_a_stuck_start_goes_through_stop_in_place_then_terminate(
+    emulator: InstanceEmulator, settings: Settings, provider: ScalewayProvider
+) -> None:
+    emulator.inject("poweron", "never_start", times=1)
+    instance = provider.create(settings.profile("l4-par2"), "wrk_t", lambda i, r: {})
+    assert emulator.server(instance.instance_id)["state"] == "starting"
+    assert provider.delete(instance.instance_id, instance.resources).confirmed
+    sent = [e[0] for e in emulator.events if e[2] == instance.instance_id]
+    assert sent[-3:] == ["stop_in_place", "terminate", "gone"]
+    assert emulator.inventory() == NOTHING
+
+
+def test_a_locked_server_waits_says_why_and_goes_once_unlocked(
+    emulator: InstanceEmulator, settings: Settings, provider: ScalewayProvider
+) -> None:
+    sid = _server(emulator, settings, provider)
+    emulator.set_state(sid, "locked", detail="locked by support")
+    first = provider.delete(sid, {"zone": "fr-par-2"})
+    assert not first.confirmed
+    assert first.detail == f"server {sid} is locked (locked by support)"
+    assert first.resources["volumes"] and first.resources["ips"]  # still owed, still recorded
+    assert not [e for e in emulator.events if e[0] in ("terminate", "delete") and e[2] == sid]
+
+    emulator.set_state(sid, "running")
+    assert provider.delete(sid, first.resources).confirmed
+    assert emulator.inventory() == NOTHING
