@@ -193,7 +193,9 @@ def _mark_dead(svc: FleetServices, action: MarkDead) -> None:
 def _profile_state(s: Any, name: str) -> ProfileState:
     row: ProfileState | None = s.get(ProfileState, name)
     if row is None:
-        row = ProfileState(name=name, consecutive_stockouts=0)
+        row = ProfileState(
+            name=name, consecutive_stockouts=0, consecutive_errors=0, consecutive_failed_boots=0
+        )
         s.add(row)
     return row
 
@@ -274,6 +276,7 @@ def _created(svc: FleetServices, profile: Profile, worker_id: str, instance: Ins
             )
         state = _profile_state(s, profile.name)
         state.consecutive_stockouts = 0
+        state.consecutive_errors = 0
         state.backoff_until = None
         state.retry_at = None
     log.info(
@@ -327,10 +330,17 @@ def _stocked_out(svc: FleetServices, profile: Profile, exc: ProviderError) -> No
 
 
 def _hold(svc: FleetServices, profile: Profile, exc: ProviderError) -> None:
+    fleet = svc.settings.fleet
     now = svc.clock()
-    retry = now + timedelta(seconds=svc.settings.fleet.backoff_seconds)
     with svc.db.session() as s:
         state = _profile_state(s, profile.name)
+        state.consecutive_errors = (state.consecutive_errors or 0) + 1
+        # Doubles with each error in a row, capped like the stock-out back-off: an error an
+        # operator must fix is not retried every few seconds all night.
+        seconds = min(
+            fleet.backoff_seconds * 2 ** (state.consecutive_errors - 1), fleet.backoff_max_seconds
+        )
+        retry = now + timedelta(seconds=seconds)
         state.last_error = exc.reason
         state.last_error_at = now
         state.retry_at = retry

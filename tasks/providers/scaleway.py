@@ -4,13 +4,15 @@ Create = `create_server` (tagged, zone, image, security group, Block root volume
 stays stopped) -> cloud-init user data -> `poweron`. Delete follows the teardown recipe: no
 single call removes a server with its Block volumes and flexible IPs, so each is removed and
 read back. Every state the API reports has a next step (`teardown_step`), so no server is left
-billed because its state had no way out. Every SDK call runs under `bounded` because the SDK gives requests no timeout.
+billed because its state had no way out. Every SDK call runs under `bounded` because the SDK
+gives requests no timeout.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, TypeVar
@@ -72,12 +74,78 @@ class _Busy(ProviderError):
     """409 transient_state / locked: the resource is changing state; try again later."""
 
 
-def classify(exc: BaseException, what: str) -> ProviderError:
-    """The typed error for an SDK/transport failure (see shared/reference/scaleway.md §4)."""
+# A provider error's detail is shown in last_error, /v1/fleet and the logs: bounded, one line.
+MAX_DETAIL = 300
+_URL = re.compile(r"\b[A-Za-z][A-Za-z0-9+.\-]*://\S+")
+_SECRETISH = re.compile(r"(?i)\b(SCW[A-Z0-9]{17})\b|\b[0-9A-Fa-f]{32,}\b")
+_SPACE = re.compile(r"\s+")
+
+
+def redact_detail(text: str, secrets: Collection[str] = ()) -> str:
+    """`text` on one line, without secrets, URLs or long hex tokens, at most MAX_DETAIL chars."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "<secret>")
+    text = _URL.sub("<url>", text)
+    text = _SECRETISH.sub("<secret>", text)
+    text = _SPACE.sub(" ", text).strip()
+    return text if len(text) <= MAX_DETAIL else text[: MAX_DETAIL - 1] + "…"
+
+
+def _response_of(exc: BaseException) -> requests.Response | None:
+    """The response whose body failed to parse: the SDK calls `res.json()` on every error
+    status, and requests' JSONDecodeError does not carry it, but the frame of `json()` does."""
+    tb = exc.__traceback__
+    found = None
+    while tb is not None:
+        candidate = tb.tb_frame.f_locals.get("self")
+        if isinstance(candidate, requests.Response):
+            found = candidate
+        tb = tb.tb_next
+    return found
+
+
+def _explain(body: dict[str, Any]) -> str:
+    """What the API says beyond its message: invalid arguments, quotas, permissions, fields."""
+    parts: list[str] = []
+    for d in body.get("details") or []:
+        if not isinstance(d, dict):
+            continue
+        if "argument_name" in d:
+            help_message = d.get("help_message") or d.get("reason") or "invalid"
+            parts.append(f"{d['argument_name']}: {help_message}")
+        elif "quota" in d:
+            parts.append(f"{d.get('resource')} quota {d.get('quota')}, current {d.get('current')}")
+        elif "action" in d:
+            parts.append(f"{d.get('action')} on {d.get('resource')}")
+    fields = body.get("fields")
+    if isinstance(fields, dict):  # the legacy "Validation Error" form
+        for name, problems in fields.items():
+            said = "; ".join(str(p) for p in problems) if isinstance(problems, list) else problems
+            parts.append(f"{name}: {said}")
+    if not parts and body.get("resource"):
+        parts.append(f"resource {body['resource']}")
+    return "; ".join(parts)
+
+
+def classify(exc: BaseException, what: str, secrets: Collection[str] = ()) -> ProviderError:
+    """The typed error for an SDK/transport failure (see shared/reference/scaleway.md §4).
+
+    Its reason keeps what the API said (status, type, message, argument details), redacted
+    and bounded, so an operator can act on it from `last_error`.
+    """
     if isinstance(exc, ProviderError):
         return exc
     if isinstance(exc, requests.exceptions.JSONDecodeError):
-        return ProviderUnavailable(f"{what}: the API answered with an unreadable error body")
+        res = _response_of(exc)
+        if res is None:
+            return ProviderUnavailable(f"{what}: the API answered with an unreadable error body")
+        ctype = res.headers.get("content-type", "").split(";")[0] or "no content type"
+        shape = f"non-JSON body ({ctype})" if res.content else "empty body"
+        said = redact_detail(f"{what}: HTTP {res.status_code}, {shape}", secrets)
+        if res.status_code >= 500 or res.status_code == 429:
+            return ProviderUnavailable(said)
+        return InvalidArgument(said)
     if isinstance(exc, requests.exceptions.Timeout):
         return ProviderTimeout(f"{what}: the API did not answer in time")
     if isinstance(exc, requests.exceptions.RequestException):
@@ -86,13 +154,17 @@ def classify(exc: BaseException, what: str) -> ProviderError:
         return ProviderUnavailable(f"{what}: unexpected failure ({type(exc).__name__})")
     status = exc.response.status_code
     try:
-        body = exc.response.json() if exc.response.content else {}
+        parsed = exc.response.json() if exc.response.content else {}
     except ValueError:
-        body = {}
-    body = body if isinstance(body, dict) else {}
+        parsed = {}
+    body: dict[str, Any] = parsed if isinstance(parsed, dict) else {}
     kind = body.get("type")
     message = str(body.get("message", "")).strip()
     said = f"{what}: HTTP {status} {kind or ''} {message}".replace("  ", " ").strip()
+    explained = _explain(body)
+    if explained:
+        said = f"{said} ({explained})"
+    said = redact_detail(said, secrets)
     if kind == "out_of_stock":
         return OutOfStock(said)
     if kind == "quotas_exceeded" or "quota exceeded" in message.lower():
@@ -167,6 +239,10 @@ class ScalewayProvider:
         self._poll = poll_interval
         self._teardown_wait = teardown_wait
         self._root_bytes = root_volume_bytes
+        self._secrets = (
+            settings.reveal("scaleway_secret_key"),
+            settings.reveal("scaleway_access_key"),
+        )
         client = Client(
             access_key=settings.reveal("scaleway_access_key"),
             secret_key=settings.reveal("scaleway_secret_key"),
@@ -185,7 +261,7 @@ class ScalewayProvider:
         try:
             return bounded(call, self._timeout, what)
         except Exception as exc:
-            raise classify(exc, what) from None
+            raise classify(exc, what, self._secrets) from None
 
     def _resources(self, server: Any, zone: str, worker_id: str | None) -> dict[str, Any]:
         volumes = [
@@ -267,7 +343,7 @@ class ScalewayProvider:
             if isinstance(exc, ValueError) and not isinstance(exc, ProviderError):
                 error: ProviderError = InvalidArgument(f"create: {exc}")  # e.g. user data too big
             else:
-                error = classify(exc, "create")
+                error = classify(exc, "create", self._secrets)
             self._abandon(server.id, resources, error)
             raise error from None
         return Instance(server.id, "starting", worker_id, profile.name, resources)

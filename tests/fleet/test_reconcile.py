@@ -126,7 +126,7 @@ ERRORS = [
         "bad_gateway",
         "create",
         "ProviderUnavailable",
-        "unreadable error body",
+        "HTTP 502, non-JSON body",
         "provider_unavailable",
     ),
     ("invalid", "create", "InvalidArgument", "invalid_arguments", "invalid_argument"),

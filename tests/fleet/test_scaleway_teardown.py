@@ -1,4 +1,5 @@
-"""Every server state the Scaleway API reports has a way out that leaves nothing billed.
+"""Every server state the Scaleway API reports has a way out that leaves nothing billed;
+every error it answers keeps its status and detail.
 
 `teardown_step` maps (state, allowed_actions) to the next call; each state is then driven
 through the emulator with the real SDK, with a Block root volume and a flexible IP attached,
@@ -10,16 +11,25 @@ from __future__ import annotations
 import pytest
 
 from app.config import Settings
+from tasks.providers.base import (
+    InvalidArgument,
+    PermissionDenied,
+    ProviderError,
+    ProviderUnavailable,
+    QuotaExceeded,
+)
 from tasks.providers.scaleway import (
     DELETE,
+    MAX_DETAIL,
     POWEROFF,
     STOP_IN_PLACE,
     TERMINATE,
     WAIT,
     ScalewayProvider,
+    redact_detail,
     teardown_step,
 )
-from tests.fleet.conftest import L4, P100, fleet_settings
+from tests.fleet.conftest import L4, P100, SECRET_KEY, fleet_settings
 from tests.fleet.emulator import ALLOWED_ACTIONS, InstanceEmulator
 
 NOTHING = {"servers": 0, "ips": 0, "volumes": 0}
@@ -126,3 +136,43 @@ def test_a_locked_server_waits_says_why_and_goes_once_unlocked(
     emulator.set_state(sid, "running")
     assert provider.delete(sid, first.resources).confirmed
     assert emulator.inventory() == NOTHING
+
+
+# -- errors keep their detail (issue 11, finding 8) -------------------------------------------
+
+DETAILS = [
+    ("image_not_found", InvalidArgument, "HTTP 400 invalid_arguments", "image: image not found"),
+    ("quota", QuotaExceeded, "HTTP 403 quotas_exceeded", "gpu_instances quota 1, current 1"),
+    ("permission", PermissionDenied, "HTTP 403", "create on instance_server"),
+    ("bad_gateway", ProviderUnavailable, "HTTP 502", "non-JSON body (text/html)"),
+    ("empty_5xx", ProviderUnavailable, "HTTP 503", "empty body"),
+]
+
+
+@pytest.mark.parametrize(
+    ("kind", "error", "status", "detail"), DETAILS, ids=[d[0] for d in DETAILS]
+)
+def test_errors_keep_status_and_detail(
+    emulator: InstanceEmulator,
+    settings: Settings,
+    provider: ScalewayProvider,
+    kind: str,
+    error: type[ProviderError],
+    status: str,
+    detail: str,
+) -> None:
+    emulator.inject("create", kind)
+    with pytest.raises(error) as caught:
+        provider.create(settings.profile("l4-par2"), "wrk_t", lambda i, r: {})
+    assert status in caught.value.reason and detail in caught.value.reason
+    assert SECRET_KEY not in caught.value.reason
+
+
+def test_error_detail_is_redacted_and_bounded() -> None:
+    text = redact_detail(
+        f"create: HTTP 400 key {SECRET_KEY} SCWXXXXXXXXXXXXXXXXX at https://x.example/a?b=c "
+        + "y" * 1000
+    )
+    assert SECRET_KEY not in redact_detail(f"k {SECRET_KEY}", [SECRET_KEY])
+    assert "SCWXXXXXXXXXXXXXXXXX" not in text and "https://" not in text
+    assert len(text) <= MAX_DETAIL and "\n" not in text
