@@ -23,6 +23,7 @@ from app.config import Profile
 from app.db import rows_changed
 from app.fleet.cloudinit import worker_environment
 from app.fleet.planner import (
+    NOT_NEEDED,
     Delete,
     DeleteOrphan,
     Dispatch,
@@ -123,7 +124,10 @@ def apply_plan(
         if isinstance(action, MarkBooted):
             _mark_booted(svc, action.worker_id)
         elif isinstance(action, MarkDead):
-            _mark_dead(svc, action)
+            stocked_out = _mark_dead(svc, action)
+            if stocked_out is not None:
+                out.stocked_out.append(stocked_out)
+                provisioning_stopped = True  # re-plan: the next profile gets this demand
         elif isinstance(action, Requeue):
             if requeue_job(svc.db, action.job_id, action.from_profile):
                 out.requeued += 1
@@ -169,9 +173,12 @@ def _mark_booted(svc: FleetServices, worker_id: str) -> None:
         )
 
 
-def _mark_dead(svc: FleetServices, action: MarkDead) -> None:
+def _mark_dead(svc: FleetServices, action: MarkDead) -> str | None:
+    """Mark the worker for deletion; for a capacity death, back its profile off and return it."""
     now = svc.clock()
     with svc.db.session() as s:
+        row = s.get(Worker, action.worker_id)
+        profile_name = row.profile if row is not None else None
         moved = rows_changed(
             s,
             update(Worker)
@@ -185,6 +192,14 @@ def _mark_dead(svc: FleetServices, action: MarkDead) -> None:
         )
     if moved:
         log.warning("fleet: worker %s is dead (%s); deleting it", action.worker_id, action.reason)
+    if not (moved and action.capacity and profile_name is not None):
+        return None
+    try:
+        profile = svc.settings.profile(profile_name)
+    except KeyError:
+        return None  # a profile removed from the config: nothing to back off
+    _stocked_out(svc, profile, OutOfStock(action.reason))
+    return profile.name
 
 
 # -- provisioning -----------------------------------------------------------------------------
@@ -404,7 +419,11 @@ def _teardown(svc: FleetServices, worker_id: str, reason: str) -> bool:
         row = s.get(Worker, worker_id)
         if row is None or row.deleted_at is not None:
             return False
-        if reason == "idle" and row.state != WorkerState.DELETING.value and _has_work(s, row):
+        if (
+            reason in ("idle", NOT_NEEDED)
+            and row.state != WorkerState.DELETING.value
+            and _has_work(s, row)
+        ):
             # The plan saw it idle, but since then a job was claimed by it or dispatched to its
             # profile (the API dispatches at once to a warm profile): keep it.
             log.info("fleet: worker %s is no longer idle; not deleting it", worker_id)

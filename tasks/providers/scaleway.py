@@ -25,6 +25,7 @@ from scaleway.instance.v1.custom_api import InstanceUtilsV1API
 
 from app.config import Profile, Settings
 from app.fleet.cloudinit import render_user_data
+from app.fleet.planner import STOPPED_STATES
 from tasks.providers.base import (
     FLEET_TAG,
     PROFILE_TAG,
@@ -346,7 +347,23 @@ class ScalewayProvider:
                 error = classify(exc, "create", self._secrets)
             self._abandon(server.id, resources, error)
             raise error from None
-        return Instance(server.id, "starting", worker_id, profile.name, resources)
+        # An out-of-stock may also come after an accepted poweron: the server falls back to
+        # stopped (state_detail says why). Look once; later falls are the planner's to see.
+        state, detail = "starting", ""
+        with contextlib.suppress(ProviderError):
+            after = self._get_server(server.id, zone)
+            if after is not None:
+                state, detail = str(after.state), str(after.state_detail or "")
+        if state in STOPPED_STATES:
+            error = OutOfStock(
+                redact_detail(
+                    f"server_action poweron: accepted, then the server fell back to {state}"
+                    + (f" ({detail})" if detail else "")
+                )
+            )
+            self._abandon(server.id, resources, error)
+            raise error
+        return Instance(server.id, state, worker_id, profile.name, resources, detail)
 
     def _abandon(
         self, instance_id: str, resources: Mapping[str, Any], error: ProviderError

@@ -6,7 +6,8 @@ test_reconcile.py; the faults are the ones the emulator models after recorded tr
 
 from __future__ import annotations
 
-from app.models import WorkerState
+from app.jobs.service import cancel_job
+from app.models import JobStatus, WorkerState
 from tasks.fleet.snapshot import as_utc
 from tests.fleet.conftest import Fleet, MakeFleet
 
@@ -65,3 +66,58 @@ def test_a_held_error_keeps_its_detail_and_backs_off_exponentially(
     fleet.reconcile()
     state = fleet.profile_state("l4-par2")
     assert state is not None and state.consecutive_errors == 0 and state.retry_at is None
+
+
+# -- an out-of-stock after an accepted poweron (finding 3) ------------------------------------
+
+
+def test_a_server_back_to_stopped_before_booting_is_out_of_stock(make_fleet: MakeFleet) -> None:
+    fleet = make_fleet()
+    assert fleet.emulator is not None
+    fleet.emulator.inject("poweron", "stock_after_poweron", commercial_type="L4-1-24G")
+    (job,) = fleet.add_jobs(1)
+    fleet.reconcile()
+    (l4,) = fleet.workers()
+    assert l4.profile == "l4-par2" and l4.state == WorkerState.BOOTING.value
+
+    # The next read shows it stopped, "out of stock": within this run the L4 server goes,
+    # its profile backs off, and the next profile in order gets the job.
+    fleet.reconcile(advance=5)
+    settle(fleet)
+    gone = next(w for w in fleet.workers() if w.id == l4.id)
+    assert gone.state == WorkerState.DELETED.value and gone.delete_reason == "out of stock"
+    state = fleet.profile_state("l4-par2")
+    assert state is not None and state.consecutive_stockouts == 1
+    assert state.backoff_until is not None and "out of stock" in (state.last_error or "")
+    (p100,) = [w for w in fleet.workers(WorkerState.BOOTING.value)]
+    assert p100.profile == "p100-par1"
+    assert fleet.emulator.inventory() == {"servers": 1, "ips": 0, "volumes": 1}
+    fleet.reconcile(advance=5)
+    (j,) = fleet.jobs()
+    assert j.id == job and j.profile == "p100-par1"
+
+    # No new L4 worker during the back-off: the same profile is not created again at once.
+    fleet.reconcile(advance=30)
+    assert not [w for w in fleet.workers() if w.profile == "l4-par2" and w.id != l4.id]
+
+
+# -- a booting worker whose demand vanished (finding 4) ---------------------------------------
+
+
+def test_a_booting_worker_whose_job_was_cancelled_is_retired(make_fleet: MakeFleet) -> None:
+    fleet = make_fleet()
+    assert fleet.emulator is not None
+    fleet.emulator.inject("poweron", "never_start", times=1)  # it would boot for 15 minutes
+    (job,) = fleet.add_jobs(1)
+    fleet.reconcile()
+    fleet.reconcile(advance=5)
+    (w,) = fleet.workers()
+    assert w.state == WorkerState.BOOTING.value
+    assert [j.status for j in fleet.jobs()] == [JobStatus.DISPATCHED.value]
+
+    cancel_job(fleet.db, job, "test")
+    fleet.reconcile(advance=5)
+    settle(fleet)
+    (w,) = fleet.workers()
+    assert w.state == WorkerState.DELETED.value and w.delete_reason == "not needed"
+    assert fleet.emulator.inventory() == NOTHING

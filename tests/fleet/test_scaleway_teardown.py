@@ -13,6 +13,7 @@ import pytest
 from app.config import Settings
 from tasks.providers.base import (
     InvalidArgument,
+    OutOfStock,
     PermissionDenied,
     ProviderError,
     ProviderUnavailable,
@@ -176,3 +177,16 @@ def test_error_detail_is_redacted_and_bounded() -> None:
     assert SECRET_KEY not in redact_detail(f"k {SECRET_KEY}", [SECRET_KEY])
     assert "SCWXXXXXXXXXXXXXXXXX" not in text and "https://" not in text
     assert len(text) <= MAX_DETAIL and "\n" not in text
+
+
+def test_create_looks_again_after_poweron(
+    emulator: InstanceEmulator, settings: Settings, provider: ScalewayProvider
+) -> None:
+    emulator.boot_observations = 0  # the fall back to stopped shows on the first read
+    emulator.inject("poweron", "stock_after_poweron", times=1)
+    with pytest.raises(OutOfStock, match=r"fell back to stopped \(out of stock\)"):
+        provider.create(settings.profile("l4-par2"), "wrk_t", lambda i, r: {})
+    assert emulator.inventory() == NOTHING
+
+    instance = provider.create(settings.profile("l4-par2"), "wrk_u", lambda i, r: {})
+    assert instance.state == "running"  # what the API said, not an assumed "starting"
