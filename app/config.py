@@ -82,6 +82,9 @@ class FleetSettings(_Strict):
     backoff_max_seconds: float = Field(default=900.0, gt=0)
     provider_timeout_seconds: float = Field(default=30.0, gt=0)
     max_attempts: int = Field(default=3, ge=1)
+    # Workers of one profile in a row that never become ready before its retries are held
+    # back (doubling from backoff_seconds): a broken image is not re-created every boot timeout.
+    max_failed_boots: int = Field(default=3, ge=1)
 
 
 class BudgetSettings(_Strict):

@@ -8,6 +8,7 @@ caller re-plans, and the next profile in order gets its chance within the same r
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -33,6 +34,7 @@ from app.fleet.planner import (
     Provision,
     Requeue,
 )
+from app.jobs.service import announce_finished, fail_job, get_job
 from app.models import (
     LIVE_WORKER_STATES,
     Job,
@@ -119,15 +121,18 @@ def apply_plan(
 ) -> Outcome:
     out = Outcome()
     provisioning_stopped = False
+    held_now: set[str] = set()
     for action in plan.actions:
         keep_lock()
         if isinstance(action, MarkBooted):
             _mark_booted(svc, action.worker_id)
         elif isinstance(action, MarkDead):
-            stocked_out = _mark_dead(svc, action)
-            if stocked_out is not None:
-                out.stocked_out.append(stocked_out)
+            stopped = _mark_dead(svc, action)
+            if stopped is not None and action.capacity:
+                out.stocked_out.append(stopped)
                 provisioning_stopped = True  # re-plan: the next profile gets this demand
+            elif stopped is not None:
+                held_now.add(stopped)  # held after failed boots: not in this round either
         elif isinstance(action, Requeue):
             if requeue_job(svc.db, action.job_id, action.from_profile):
                 out.requeued += 1
@@ -136,7 +141,7 @@ def apply_plan(
             if dispatch_job(svc.db, svc.celery, action.job_id, action.profile):
                 out.dispatched[action.profile] += 1
         elif isinstance(action, Provision):
-            if provisioning_stopped:
+            if provisioning_stopped or action.profile in held_now:
                 continue
             result = _provision(svc, action)
             if isinstance(result, OutOfStock):
@@ -174,7 +179,10 @@ def _mark_booted(svc: FleetServices, worker_id: str) -> None:
 
 
 def _mark_dead(svc: FleetServices, action: MarkDead) -> str | None:
-    """Mark the worker for deletion; for a capacity death, back its profile off and return it."""
+    """Mark the worker for deletion; the profile it stops provisioning for, if any.
+
+    A capacity death backs its profile off; a failed boot may hold it (`_failed_boot`).
+    """
     now = svc.clock()
     with svc.db.session() as s:
         row = s.get(Worker, action.worker_id)
@@ -192,6 +200,8 @@ def _mark_dead(svc: FleetServices, action: MarkDead) -> str | None:
         )
     if moved:
         log.warning("fleet: worker %s is dead (%s); deleting it", action.worker_id, action.reason)
+    if moved and action.failed_boot and profile_name is not None:
+        return profile_name if _failed_boot(svc, profile_name, action.reason) else None
     if not (moved and action.capacity and profile_name is not None):
         return None
     try:
@@ -200,6 +210,59 @@ def _mark_dead(svc: FleetServices, action: MarkDead) -> str | None:
         return None  # a profile removed from the config: nothing to back off
     _stocked_out(svc, profile, OutOfStock(action.reason))
     return profile.name
+
+
+def _failed_boot(svc: FleetServices, profile: str, reason: str) -> bool:
+    """Count a worker that never became ready; hold its profile after max_failed_boots in a row
+    (True then).
+
+    The boot is also charged, as one attempt, to the job it would have taken (the oldest one
+    dispatched to its profile): a job that waits on a profile that never boots fails after
+    fleet.max_attempts such boots instead of waiting forever.
+    """
+    fleet = svc.settings.fleet
+    now = svc.clock()
+    with svc.db.session() as s:
+        state = _profile_state(s, profile)
+        state.consecutive_failed_boots = (state.consecutive_failed_boots or 0) + 1
+        boots = state.consecutive_failed_boots
+        if boots >= fleet.max_failed_boots:
+            seconds = min(
+                fleet.backoff_seconds * 2 ** (boots - fleet.max_failed_boots),
+                fleet.backoff_max_seconds,
+            )
+            state.retry_at = now + timedelta(seconds=seconds)
+            state.last_error = (f"{boots} workers in a row never became ready (last: {reason})")[
+                :300
+            ]
+            state.last_error_at = now
+        job = s.scalars(
+            select(Job)
+            .where(Job.profile == profile, Job.status == JobStatus.DISPATCHED.value)
+            .order_by(Job.dispatched_at, Job.id)
+            .limit(1)
+        ).first()
+        charged = None
+        if job is not None:
+            job.attempts = (job.attempts or 0) + 1
+            charged = (job.id, job.attempts)
+    if boots >= fleet.max_failed_boots:
+        log.error(
+            "fleet: %s: %d workers in a row never became ready; no new worker before %s",
+            profile,
+            boots,
+            (now + timedelta(seconds=seconds)).isoformat(timespec="seconds"),
+        )
+    if charged is not None and charged[1] >= fleet.max_attempts:
+        message = (
+            f"no worker of profile {profile} became ready for it: {charged[1]} attempts "
+            f"({reason.split(':', 1)[0]})"
+        )
+        if fail_job(svc.db, charged[0], "worker_boot_failed", message):
+            log.warning("fleet: job %s failed: %s", charged[0], message)
+            with contextlib.suppress(Exception):  # the job's state is already final
+                announce_finished(svc.redis, svc.celery, get_job(svc.db, charged[0]))
+    return boots >= fleet.max_failed_boots
 
 
 # -- provisioning -----------------------------------------------------------------------------

@@ -6,10 +6,17 @@ test_reconcile.py; the faults are the ones the emulator models after recorded tr
 
 from __future__ import annotations
 
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+from app.fleet.cli import render
+from app.fleet.service import fleet_overview
 from app.jobs.service import cancel_job
 from app.models import JobStatus, WorkerState
+from app.observability.collector import MurmurCollector
+from app.observability.exposition import encode_text
 from tasks.fleet.snapshot import as_utc
-from tests.fleet.conftest import Fleet, MakeFleet
+from tests.fleet.conftest import L4, Fleet, MakeFleet
 
 NOTHING = {"servers": 0, "ips": 0, "volumes": 0}
 
@@ -121,3 +128,81 @@ def test_a_booting_worker_whose_job_was_cancelled_is_retired(make_fleet: MakeFle
     (w,) = fleet.workers()
     assert w.state == WorkerState.DELETED.value and w.delete_reason == "not needed"
     assert fleet.emulator.inventory() == NOTHING
+
+
+# -- a profile that never boots (finding 4) ---------------------------------------------------
+
+
+def _metric(fleet: Fleet, name: str, **labels: str) -> float | None:
+    registry = CollectorRegistry(auto_describe=False)
+    collector = MurmurCollector(
+        fleet.svc.settings, fleet.db, fleet.svc.redis, clock=lambda: fleet.clock().timestamp()
+    )
+    registry.register(collector)
+    for family in text_string_to_metric_families(encode_text(registry).decode()):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return float(sample.value)
+    return None
+
+
+def test_a_profile_that_never_boots_is_held_and_its_job_fails(make_fleet: MakeFleet) -> None:
+    fleet = make_fleet(
+        [L4],
+        fleet={"boot_timeout_seconds": 20.0, "max_failed_boots": 2, "max_attempts": 2},
+    )
+    assert fleet.emulator is not None
+    fleet.emulator.inject("poweron", "never_start")  # a broken image: nothing ever reports
+    (job,) = fleet.add_jobs(1)
+
+    for boot in (1, 2):
+        fleet.reconcile()
+        fleet.reconcile(advance=5)
+        assert [j.status for j in fleet.jobs()] == [JobStatus.DISPATCHED.value]
+        fleet.reconcile(advance=21)  # boot timeout
+        settle(fleet)
+        state = fleet.profile_state("l4-par2")
+        assert state is not None and state.consecutive_failed_boots == boot
+
+    # Held after the second failed boot in a row, with the reason where operators look.
+    state = fleet.profile_state("l4-par2")
+    assert state is not None and state.retry_at is not None
+    assert "2 workers in a row never became ready" in (state.last_error or "")
+    view = fleet_overview(fleet.svc.settings, fleet.db, fleet.svc.redis, fleet.clock())
+    (l4,) = view["profiles"]
+    assert l4["consecutive_failed_boots"] == 2 and l4["retry_at"] is not None
+    assert "never became ready" in l4["last_error"]
+    assert "failed boots: 2" in render(view)
+    assert _metric(fleet, "murmur_fleet_profile_failed_boots", profile="l4-par2") == 2
+    assert _metric(fleet, "murmur_fleet_max_failed_boots") == 2
+    assert _metric(fleet, "murmur_fleet_profile_held", profile="l4-par2", reason="error") == 1
+
+    # Each failed boot counted as an attempt of the job it would have run: it fails, clearly.
+    (j,) = fleet.jobs()
+    assert j.id == job and j.status == JobStatus.FAILED.value
+    assert j.error_code == "worker_boot_failed" and j.attempts == 2
+    assert "no worker of profile l4-par2 became ready" in (j.error_message or "")
+
+    # No new worker while held; nothing left billed.
+    fleet.add_jobs(1)
+    fleet.reconcile(advance=5)
+    assert not fleet.workers(WorkerState.REQUESTED.value, WorkerState.BOOTING.value)
+    assert fleet.emulator.inventory() == NOTHING
+
+
+def test_a_ready_worker_resets_the_failed_boots(make_fleet: MakeFleet) -> None:
+    fleet = make_fleet([L4], fleet={"boot_timeout_seconds": 20.0})
+    assert fleet.emulator is not None
+    fleet.emulator.inject("poweron", "never_start", times=1)
+    fleet.add_jobs(1)
+    fleet.reconcile()
+    fleet.reconcile(advance=5)
+    fleet.reconcile(advance=21)
+    settle(fleet)
+    state = fleet.profile_state("l4-par2")
+    assert state is not None and state.consecutive_failed_boots == 1
+    assert state.retry_at is None  # one failed boot is not yet a pattern
+    fleet.reconcile(advance=5)
+    assert fleet.ready_all() == 1
+    state = fleet.profile_state("l4-par2")
+    assert state is not None and state.consecutive_failed_boots == 0
