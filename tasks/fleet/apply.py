@@ -45,7 +45,7 @@ from app.models import (
     new_id,
 )
 from app.observability import forget_worker, record_provision_attempt
-from tasks.dispatch import dispatch_job, requeue_job
+from tasks.dispatch import dispatch_job, requeue_job, withdraw_messages
 from tasks.fleet.services import FleetServices
 from tasks.fleet.snapshot import Snapshot
 from tasks.providers.base import (
@@ -122,8 +122,13 @@ def apply_plan(
     out = Outcome()
     provisioning_stopped = False
     held_now: set[str] = set()
+    # Re-routed jobs whose old message is still on their old profile's queue. Withdrawn before
+    # the next other action, so before any of them is dispatched again.
+    withdraw: dict[str, list[str]] = {}
     for action in plan.actions:
         keep_lock()
+        if withdraw and not isinstance(action, Requeue):
+            _withdraw(svc, withdraw)
         if isinstance(action, MarkBooted):
             _mark_booted(svc, action.worker_id)
         elif isinstance(action, MarkDead):
@@ -135,6 +140,7 @@ def apply_plan(
                 held_now.add(stopped)  # held after failed boots: not in this round either
         elif isinstance(action, Requeue):
             if requeue_job(svc.db, action.job_id, action.from_profile):
+                withdraw.setdefault(action.from_profile, []).append(action.job_id)
                 out.requeued += 1
                 log.info("fleet: re-route job %s: %s", action.job_id, action.reason)
         elif isinstance(action, Dispatch):
@@ -161,9 +167,24 @@ def apply_plan(
             )
             if _teardown(svc, worker_id, "orphan"):
                 out.deleted.append(worker_id)
+    if withdraw:
+        _withdraw(svc, withdraw)
     for profile, n in sorted(out.dispatched.items()):
         log.info("fleet: dispatched %d job(s) to %s", n, profile)
     return out
+
+
+def _withdraw(svc: FleetServices, jobs_by_profile: dict[str, list[str]]) -> None:
+    """Take re-routed jobs' messages off their old queues (they would inflate its depth)."""
+    for profile, job_ids in sorted(jobs_by_profile.items()):
+        try:
+            removed = withdraw_messages(svc.redis, profile, job_ids)
+        except redis.RedisError as exc:  # the depth is off until those messages are consumed
+            log.warning("fleet: cannot withdraw messages from %s: %s", profile, type(exc).__name__)
+            continue
+        if removed:
+            log.info("fleet: withdrew %d re-routed message(s) from %s", removed, profile)
+    jobs_by_profile.clear()
 
 
 # -- lifecycle marks --------------------------------------------------------------------------
