@@ -417,7 +417,7 @@ class MurmurCollector:
         held = GaugeMetricFamily(
             "murmur_fleet_profile_held",
             "1 while the profile gets no new worker: `backoff` after an out-of-stock, `error` "
-            "after another provisioning error or after too many failed boots.",
+            "after another provisioning error, `failed_boots` after too many failed boots.",
             labels=["profile", "reason"],
         )
         by_name = {r[0]: r for r in rows}
@@ -427,8 +427,14 @@ class MurmurCollector:
             retry = row[2] if row is not None else None
             backoff = row[3] if row is not None else None
             failed.add_metric([name], float(boots))
-            for reason, until in (("backoff", backoff), ("error", retry)):
-                on = until is not None and _aware(until).timestamp() > now
+            # retry_at holds after an error and after failed boots; the count tells which.
+            boot_hold = boots >= self._settings.fleet.max_failed_boots
+            for reason, until, applies in (
+                ("backoff", backoff, True),
+                ("error", retry, not boot_hold),
+                ("failed_boots", retry, boot_hold),
+            ):
+                on = applies and until is not None and _aware(until).timestamp() > now
                 held.add_metric([name, reason], 1.0 if on else 0.0)
         yield from (failed, limit, held)
 

@@ -175,7 +175,11 @@ def test_a_profile_that_never_boots_is_held_and_its_job_fails(make_fleet: MakeFl
     assert "failed boots: 2" in render(view)
     assert _metric(fleet, "murmur_fleet_profile_failed_boots", profile="l4-par2") == 2
     assert _metric(fleet, "murmur_fleet_max_failed_boots") == 2
-    assert _metric(fleet, "murmur_fleet_profile_held", profile="l4-par2", reason="error") == 1
+    held = {
+        reason: _metric(fleet, "murmur_fleet_profile_held", profile="l4-par2", reason=reason)
+        for reason in ("backoff", "error", "failed_boots")
+    }
+    assert held == {"backoff": 0, "error": 0, "failed_boots": 1}
 
     # Each failed boot counted as an attempt of the job it would have run: it fails, clearly.
     (j,) = fleet.jobs()
