@@ -53,6 +53,7 @@ T = TypeVar("T")
 ROOT_VOLUME_BYTES = 50 * 10**9
 USER_DATA_KEY = "cloud-init"
 _GONE_VOLUME_STATES = frozenset({"deleted"})
+_LOCAL_VOLUME_TYPES = frozenset({"l_ssd", "scratch"})
 _PAGE = 100
 
 
@@ -271,7 +272,22 @@ class ScalewayProvider:
             if str(v.volume_type) == VolumeVolumeType.SBS_VOLUME.value and v.id
         ]
         ips = [ip.id for ip in (server.public_ips or []) if not ip.dynamic and ip.id]
-        return {"zone": zone, "worker_id": worker_id, "volumes": volumes, "ips": ips}
+        resources: dict[str, Any] = {
+            "zone": zone,
+            "worker_id": worker_id,
+            "volumes": volumes,
+            "ips": ips,
+        }
+        # Instance API volumes (RENDER-S takes l_ssd): terminate deletes them, but whether a
+        # DELETE of a stopped server does is unconfirmed, so they are read back too.
+        local = [
+            v.id
+            for v in (server.volumes or {}).values()
+            if str(v.volume_type) in _LOCAL_VOLUME_TYPES and v.id
+        ]
+        if local:
+            resources["local_volumes"] = local
+        return resources
 
     def _instance_of(self, server: Any, zone: str) -> Instance:
         tags = list(server.tags or [])
@@ -420,11 +436,14 @@ class ScalewayProvider:
             raise InvalidArgument(f"instance {instance_id}: no zone recorded")
         worker_id = resources.get("worker_id")
         volumes = list(dict.fromkeys(resources.get("volumes") or []))
+        local = list(dict.fromkeys(resources.get("local_volumes") or []))
         ips = list(dict.fromkeys(resources.get("ips") or []))
         deadline = time.monotonic() + self._teardown_wait
 
         def progress(confirmed: bool, detail: str = "") -> Teardown:
             left = {"zone": zone, "worker_id": worker_id, "volumes": volumes, "ips": ips}
+            if local:
+                left["local_volumes"] = local
             return Teardown(confirmed, left, detail)
 
         try:
@@ -436,6 +455,7 @@ class ScalewayProvider:
             while server is not None:
                 learned = self._resources(server, zone, worker_id)
                 volumes = list(dict.fromkeys(volumes + learned["volumes"]))
+                local = list(dict.fromkeys(local + learned.get("local_volumes", [])))
                 ips = list(dict.fromkeys(ips + learned["ips"]))
                 self._remove_server(server, zone, sent)
                 if time.monotonic() + self._poll >= deadline:
@@ -444,6 +464,7 @@ class ScalewayProvider:
                 server = self._get_server(instance_id, zone)
             # 4: Block volumes are only detached by terminate; delete each once available.
             volumes = [v for v in volumes if not self._delete_volume(v, zone, deadline)]
+            local = [v for v in local if not self._delete_local_volume(v, zone)]
             # 5-6: flexible IPs outlive servers: those recorded, then any carrying our tag.
             if worker_id:
                 tagged = self._call(
@@ -459,8 +480,9 @@ class ScalewayProvider:
             ips = [ip for ip in ips if not self._delete_ip(ip, zone)]
         except ProviderError as exc:
             return progress(False, exc.reason)
-        if volumes or ips:
-            return progress(False, f"{len(volumes)} volume(s), {len(ips)} IP(s) still present")
+        if volumes or local or ips:
+            count = len(volumes) + len(local)
+            return progress(False, f"{count} volume(s), {len(ips)} IP(s) still present")
         return progress(True)
 
     # -- teardown steps ---------------------------------------------------------------------
@@ -516,6 +538,29 @@ class ScalewayProvider:
                 lambda: self._block.delete_volume(volume_id=volume_id, zone=zone),
             )
         return self._volume_status(volume_id, zone) is None
+
+    def _delete_local_volume(self, volume_id: str, zone: str) -> bool:
+        """True once the Instance API volume is confirmed gone (its server is gone already)."""
+        try:
+            self._call(
+                "get_volume",
+                lambda: self._instance.get_volume(volume_id=volume_id, zone=zone),
+            )
+        except _NotFound:
+            return True
+        with contextlib.suppress(_NotFound, _Busy):
+            self._call(
+                "delete_volume",
+                lambda: self._instance.delete_volume(volume_id=volume_id, zone=zone),
+            )
+        try:
+            self._call(
+                "get_volume",
+                lambda: self._instance.get_volume(volume_id=volume_id, zone=zone),
+            )
+        except _NotFound:
+            return True
+        return False
 
     def _delete_ip(self, ip_id: str, zone: str) -> bool:
         """True once the flexible IP is confirmed gone."""

@@ -19,7 +19,9 @@ state (`starting`, `stopping`, `locked`) and 400 otherwise. An out-of-stock may 
 an accepted `poweron`: the server falls back to `stopped`, state_detail "out of stock".
 
 Assumptions where the reference is silent: deleting a Block volume that is still attached
-answers 409 `precondition_failed`; a `stop_in_place` releases nothing (IPs stay attached).
+answers 409 `precondition_failed`; a `stop_in_place` releases nothing (IPs stay attached);
+`terminate` deletes local (`l_ssd`) volumes, DELETE of a stopped server only detaches them
+(the reference leaves it open; the emulator models the costlier case).
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ class Fault:
     kind: str  # out_of_stock | quota | permission | server_error | bad_gateway | empty_5xx
     #            invalid | image_not_found | slow | never_start | attach_flexible_ip
     #            stock_after_poweron (accepted, then back to stopped: "out of stock")
+    #            local_volume (create: the server also gets an l_ssd volume)
     zone: str | None = None
     commercial_type: str | None = None
     times: int | None = None  # None: every time
@@ -168,6 +171,7 @@ class InstanceEmulator:
         self.servers: dict[str, _Server] = {}
         self.ips: dict[str, dict[str, Any]] = {}
         self.volumes: dict[str, dict[str, Any]] = {}
+        self.local_volumes: dict[str, dict[str, Any]] = {}  # Instance API (l_ssd) volumes
         self.security_groups: dict[str, dict[str, Any]] = {}
         self.availability: dict[tuple[str, str], str] = {}
         self.faults: list[Fault] = []
@@ -194,6 +198,7 @@ class InstanceEmulator:
                 Rule("/instance/v1/zones/<zone>/ips", endpoint="ips"),
                 Rule("/instance/v1/zones/<zone>/ips/<ip>", endpoint="ip"),
                 Rule("/instance/v1/zones/<zone>/volumes", endpoint="instance_volumes"),
+                Rule("/instance/v1/zones/<zone>/volumes/<vid>", endpoint="instance_volume"),
                 Rule("/block/v1/zones/<zone>/volumes", endpoint="block_volumes"),
                 Rule("/block/v1/zones/<zone>/volumes/<vid>", endpoint="block_volume"),
             ]
@@ -249,12 +254,13 @@ class InstanceEmulator:
             self.availability[(zone, commercial_type)] = value
 
     def inventory(self) -> dict[str, int]:
-        """What is still billed: servers, IPs, Block volumes not deleted."""
+        """What is still billed: servers, IPs, Block and local volumes not deleted."""
         with self.lock:
             return {
                 "servers": len(self.servers),
                 "ips": len(self.ips),
-                "volumes": sum(1 for v in self.volumes.values() if v["status"] != "deleted"),
+                "volumes": sum(1 for v in self.volumes.values() if v["status"] != "deleted")
+                + len(self.local_volumes),
             }
 
     def server(self, sid: str) -> dict[str, Any]:
@@ -404,13 +410,18 @@ class InstanceEmulator:
                 allowed_actions=STOPPED_IN_PLACE_ACTIONS,
             )
 
-    def _remove(self, srv: _Server) -> None:
+    def _remove(self, srv: _Server, *, terminated: bool = True) -> None:
         sid = srv.data["id"]
         self.servers.pop(sid, None)
         for vol in srv.data["volumes"].values():
             block = self.volumes.get(vol["id"])
             if block is not None:  # terminate/DELETE only detach Block volumes
                 block.update(status="available", references=[], last_detached_at=_now())
+            local = self.local_volumes.get(vol["id"])
+            if local is not None and terminated:  # terminate deletes local volumes
+                del self.local_volumes[vol["id"]]
+            elif local is not None:  # whether DELETE does is unconfirmed: model the worst
+                local.update(server=None, modification_date=_now())
         for ip in self.ips.values():
             if ip["server"] and ip["server"]["id"] == sid:
                 ip.update(server=None, state="detached")
@@ -465,8 +476,9 @@ class InstanceEmulator:
                     }
                 ],
             )
-        if (f := self._fault("create", zone, ctype)) is not None and isinstance(f, Response):
-            return f
+        create_fault = self._fault("create", zone, ctype)
+        if isinstance(create_fault, Response):
+            return create_fault
         if ctype not in CATALOG[zone]:
             return self._error(
                 400,
@@ -491,9 +503,31 @@ class InstanceEmulator:
                     return self._not_found(body["security_group"], "instance_security_group")
             sid = str(uuid.uuid4())
             volumes: dict[str, Any] = {}
-            templates = body.get("volumes") or {"0": {"volume_type": "sbs_volume", "size": 10**10}}
+            templates = dict(
+                body.get("volumes") or {"0": {"volume_type": "sbs_volume", "size": 10**10}}
+            )
+            if isinstance(create_fault, Fault) and create_fault.kind == "local_volume":
+                templates[str(len(templates))] = {"volume_type": "l_ssd", "size": 10**10}
             for key, tpl in sorted(templates.items()):
                 vid = str(uuid.uuid4())
+                if tpl.get("volume_type") == "l_ssd":
+                    self.local_volumes[vid] = {
+                        "id": vid,
+                        "name": f"{body.get('name')}-vol-{key}",
+                        "export_uri": None,
+                        "size": int(tpl.get("size") or 10**10),
+                        "volume_type": "l_ssd",
+                        "creation_date": _now(),
+                        "modification_date": _now(),
+                        "organization": project,
+                        "project": project,
+                        "tags": [],
+                        "server": {"id": sid, "name": body.get("name")},
+                        "state": "available",
+                        "zone": zone,
+                    }
+                    volumes[key] = {"boot": False, "volume_type": "l_ssd", "id": vid, "zone": zone}
+                    continue
                 self.volumes[vid] = {
                     "id": vid,
                     "name": f"{body.get('name')}-vol-{key}",
@@ -579,7 +613,7 @@ class InstanceEmulator:
                         400, "invalid_request_error", "instance must be stopped to be deleted"
                     )
                 self.events.append(("delete", zone, sid))
-                self._remove(srv)
+                self._remove(srv, terminated=False)
                 return Response(status=204)
             return self._json({"server": srv.data})
 
@@ -804,8 +838,25 @@ class InstanceEmulator:
             return self._json({"ip": found})
 
     def _h_instance_volumes(self, request: Request, zone: str) -> Response:
-        page, headers = self._page(request, [])
+        with self.lock:
+            items = [v for v in self.local_volumes.values() if v["zone"] == zone]
+        page, headers = self._page(request, items)
         return self._json({"volumes": page}, headers=headers)
+
+    def _h_instance_volume(self, request: Request, zone: str, vid: str) -> Response:
+        with self.lock:
+            vol = self.local_volumes.get(vid)
+            if vol is None or vol["zone"] != zone:
+                return self._not_found(vid, "instance_volume")
+            if request.method == "DELETE":
+                if vol["server"] is not None:
+                    return self._error(
+                        400, "invalid_request_error", "a volume attached to a server"
+                    )
+                del self.local_volumes[vid]
+                self.events.append(("delete_local_volume", zone, vid))
+                return Response(status=204)
+            return self._json({"volume": vol})
 
     def _h_block_volumes(self, request: Request, zone: str) -> Response:
         product = request.args.get("product_resource_id")

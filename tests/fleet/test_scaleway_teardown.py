@@ -74,10 +74,12 @@ def provider(settings: Settings) -> ScalewayProvider:
 
 
 def _server(emulator: InstanceEmulator, settings: Settings, provider: ScalewayProvider) -> str:
-    """A powered-on server with its Block volume and a flexible IP."""
+    """A powered-on server with its Block volume, a local (l_ssd) volume and a flexible IP."""
+    emulator.inject("create", "local_volume", times=1)
     emulator.inject("poweron", "attach_flexible_ip", times=1)
     instance = provider.create(settings.profile("l4-par2"), "wrk_t", lambda i, r: {})
-    assert emulator.inventory() == {"servers": 1, "ips": 1, "volumes": 1}
+    assert emulator.inventory() == {"servers": 1, "ips": 1, "volumes": 2}
+    assert len(emulator.local_volumes) == 1
     return instance.instance_id
 
 
@@ -132,6 +134,7 @@ def test_a_locked_server_waits_says_why_and_goes_once_unlocked(
     assert not first.confirmed
     assert first.detail == f"server {sid} is locked (locked by support)"
     assert first.resources["volumes"] and first.resources["ips"]  # still owed, still recorded
+    assert first.resources["local_volumes"]
     assert not [e for e in emulator.events if e[0] in ("terminate", "delete") and e[2] == sid]
 
     emulator.set_state(sid, "running")
