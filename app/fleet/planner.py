@@ -614,7 +614,8 @@ def _death(
     if w.state == WorkerState.BOOTING.value:
         age = _age(now, w.requested_at)
         if age is not None and age > rules.boot_timeout:
-            return f"{BOOT_TIMEOUT}: not ready {_fmt(age)} after it was requested"
+            seen = f" (the provider reports it {inst.state})" if inst is not None else ""
+            return f"{BOOT_TIMEOUT}: not ready {_fmt(age)} after it was requested{seen}"
         return None
     if silence_limit is not None:
         silent = now - _last_heard(w, state)

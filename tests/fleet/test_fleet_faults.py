@@ -168,6 +168,7 @@ def test_a_profile_that_never_boots_is_held_and_its_job_fails(make_fleet: MakeFl
     state = fleet.profile_state("l4-par2")
     assert state is not None and state.retry_at is not None
     assert "2 workers in a row never became ready" in (state.last_error or "")
+    assert "the provider reports it starting" in (state.last_error or "")
     view = fleet_overview(fleet.svc.settings, fleet.db, fleet.svc.redis, fleet.clock())
     (l4,) = view["profiles"]
     assert l4["consecutive_failed_boots"] == 2 and l4["retry_at"] is not None
