@@ -42,6 +42,7 @@ def test_a_server_stuck_starting_is_deleted_after_the_boot_timeout(make_fleet: M
     settle(fleet)
     dead = next(x for x in fleet.workers() if x.id == w.id)
     assert dead.state == WorkerState.DELETED.value and dead.delete_reason == "boot timeout"
+    assert "the provider reports it starting" in (dead.error or "")
     # Its replacement is the only server left; without it, nothing at all.
     left = [s for s in fleet.emulator.servers if s != w.instance_id]
     assert w.instance_id not in fleet.emulator.servers
@@ -152,7 +153,7 @@ def test_a_profile_that_never_boots_is_held_and_its_job_fails(make_fleet: MakeFl
         fleet={"boot_timeout_seconds": 20.0, "max_failed_boots": 2, "max_attempts": 2},
     )
     assert fleet.emulator is not None
-    fleet.emulator.inject("poweron", "never_start")  # a broken image: nothing ever reports
+    # A broken image: the servers run, no worker on them ever reports ready.
     (job,) = fleet.add_jobs(1)
 
     for boot in (1, 2):
@@ -168,7 +169,7 @@ def test_a_profile_that_never_boots_is_held_and_its_job_fails(make_fleet: MakeFl
     state = fleet.profile_state("l4-par2")
     assert state is not None and state.retry_at is not None
     assert "2 workers in a row never became ready" in (state.last_error or "")
-    assert "the provider reports it starting" in (state.last_error or "")
+    assert "the provider reports it running" in (state.last_error or "")
     view = fleet_overview(fleet.svc.settings, fleet.db, fleet.svc.redis, fleet.clock())
     (l4,) = view["profiles"]
     assert l4["consecutive_failed_boots"] == 2 and l4["retry_at"] is not None
