@@ -461,9 +461,9 @@ def plan_fleet(state: FleetState) -> FleetPlan:
         # a disabled profile's worker gets none of them.
         wanted = max(0, t.dispatched - free_ready_count) if waiting == 0 or not usable else None
         if wanted is not None and len(booting_free) > wanted:
-            for w in booting_free[wanted:]:
-                teardown.append(Delete(w.id, NOT_NEEDED))
-                t.workers.remove(w)
+            retired = {w.id for w in booting_free[wanted:]}
+            teardown.extend(Delete(w.id, NOT_NEEDED) for w in booting_free[wanted:])
+            t.workers = [w for w in t.workers if w.id not in retired]
         starting_free = sum(
             1 for w in t.workers if w.state in _SERVING and w.state != "ready" and not w.busy
         )
