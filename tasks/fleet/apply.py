@@ -17,7 +17,7 @@ from datetime import timedelta
 from typing import Any
 
 import redis
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from app.config import Profile
@@ -125,6 +125,7 @@ def apply_plan(
     # Re-routed jobs whose old message is still on their old profile's queue. Withdrawn before
     # the next other action, so before any of them is dispatched again.
     withdraw: dict[str, list[str]] = {}
+    planned = {p.name: p.dispatched for p in plan.profiles}  # jobs left on each queue
     for action in plan.actions:
         keep_lock()
         if withdraw and not isinstance(action, Requeue):
@@ -159,7 +160,7 @@ def apply_plan(
             else:
                 out.provisioned.append(result)
         elif isinstance(action, Delete):
-            if _teardown(svc, action.worker_id, action.reason):
+            if _teardown(svc, action.worker_id, action.reason, planned):
                 out.deleted.append(action.worker_id)
         elif isinstance(action, DeleteOrphan):
             worker_id = _adopt_orphan(
@@ -253,9 +254,8 @@ def _failed_boot(svc: FleetServices, profile: str, reason: str) -> bool:
                 fleet.backoff_max_seconds,
             )
             state.retry_at = now + timedelta(seconds=seconds)
-            state.last_error = (f"{boots} workers in a row never became ready (last: {reason})")[
-                :300
-            ]
+            said = f"{boots} workers in a row never became ready (last: {reason})"
+            state.last_error = said[:300]
             state.last_error_at = now
         job = s.scalars(
             select(Job)
@@ -496,18 +496,39 @@ def _has_work(session: Session, worker: Worker) -> bool:
     return waiting is not None
 
 
-def _teardown(svc: FleetServices, worker_id: str, reason: str) -> bool:
-    """Advance the deletion of a worker's instance; True once the provider confirms it."""
+def _more_work_than_planned(session: Session, worker: Worker, planned: Mapping[str, int]) -> bool:
+    """A booting worker the plan found unneeded got work since: a job of its own, or more jobs
+    on its profile's queue than the plan left there (the API dispatched one meanwhile)."""
+    if worker.current_job_id is not None:
+        return True
+    waiting = session.execute(
+        select(func.count())
+        .select_from(Job)
+        .where(Job.profile == worker.profile, Job.status == JobStatus.DISPATCHED.value)
+    ).scalar_one()
+    return int(waiting) > planned.get(worker.profile, 0)
+
+
+def _teardown(
+    svc: FleetServices, worker_id: str, reason: str, planned: Mapping[str, int] | None = None
+) -> bool:
+    """Advance the deletion of a worker's instance; True once the provider confirms it.
+
+    `planned`: jobs the plan left on each profile's queue, for the `not needed` re-check.
+    """
     now = svc.clock()
     with svc.db.session() as s:
         row = s.get(Worker, worker_id)
         if row is None or row.deleted_at is not None:
             return False
         if (
-            reason in ("idle", NOT_NEEDED)
+            reason == NOT_NEEDED
             and row.state != WorkerState.DELETING.value
-            and _has_work(s, row)
+            and _more_work_than_planned(s, row, planned or {})
         ):
+            log.info("fleet: booting worker %s got work since the plan; keeping it", worker_id)
+            return False
+        if reason == "idle" and row.state != WorkerState.DELETING.value and _has_work(s, row):
             # The plan saw it idle, but since then a job was claimed by it or dispatched to its
             # profile (the API dispatches at once to a warm profile): keep it.
             log.info("fleet: worker %s is no longer idle; not deleting it", worker_id)

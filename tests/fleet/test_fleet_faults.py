@@ -212,3 +212,25 @@ def test_a_ready_worker_resets_the_failed_boots(make_fleet: MakeFleet) -> None:
     assert fleet.ready_all() == 1
     state = fleet.profile_state("l4-par2")
     assert state is not None and state.consecutive_failed_boots == 0
+
+
+def test_of_two_booting_workers_for_two_jobs_one_goes_when_a_job_is_cancelled(
+    make_fleet: MakeFleet,
+) -> None:
+    fleet = make_fleet([L4])
+    assert fleet.emulator is not None
+    fleet.emulator.inject("poweron", "never_start", times=2)
+    first, second = fleet.add_jobs(2)
+    fleet.reconcile()
+    fleet.reconcile(advance=5)
+    assert len(fleet.workers(WorkerState.BOOTING.value)) == 2
+    assert [j.status for j in fleet.jobs()] == [JobStatus.DISPATCHED.value] * 2
+
+    cancel_job(fleet.db, second, "test")
+    fleet.reconcile(advance=5)
+    settle(fleet)
+    kept = fleet.workers(WorkerState.BOOTING.value)
+    retired = [w for w in fleet.workers(WorkerState.DELETED.value) if w.delete_reason]
+    assert len(kept) == 1 and [w.delete_reason for w in retired] == ["not needed"]
+    assert kept[0].requested_at <= retired[0].requested_at  # the older one stays
+    assert fleet.emulator.inventory() == {"servers": 1, "ips": 0, "volumes": 1}
