@@ -10,12 +10,15 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.fleet.cli import render
+from app.fleet.planner import Delete, plan_fleet
 from app.fleet.service import fleet_overview
 from app.jobs.service import cancel_job
 from app.models import JobStatus, WorkerState
 from app.observability.collector import MurmurCollector
 from app.observability.exposition import encode_text
-from tasks.fleet.snapshot import as_utc
+from tasks.dispatch import dispatch_job
+from tasks.fleet.apply import apply_plan
+from tasks.fleet.snapshot import as_utc, read_snapshot
 from tests.fleet.conftest import L4, Fleet, MakeFleet
 
 NOTHING = {"servers": 0, "ips": 0, "volumes": 0}
@@ -234,3 +237,23 @@ def test_of_two_booting_workers_for_two_jobs_one_goes_when_a_job_is_cancelled(
     assert len(kept) == 1 and [w.delete_reason for w in retired] == ["not needed"]
     assert kept[0].requested_at <= retired[0].requested_at  # the older one stays
     assert fleet.emulator.inventory() == {"servers": 1, "ips": 0, "volumes": 1}
+
+
+def test_a_booting_worker_that_got_a_job_since_the_plan_is_kept(make_fleet: MakeFleet) -> None:
+    fleet = make_fleet([L4])
+    assert fleet.emulator is not None
+    fleet.emulator.inject("poweron", "never_start", times=1)
+    (job,) = fleet.add_jobs(1)
+    fleet.reconcile()
+    fleet.reconcile(advance=5)
+    cancel_job(fleet.db, job, "test")
+    snapshot = read_snapshot(fleet.svc, fleet.clock())
+    plan = plan_fleet(snapshot.state)
+    assert [a.reason for a in plan.actions if isinstance(a, Delete)] == ["not needed"]
+    # Meanwhile the API sends a new job straight to the profile that has a worker.
+    (late,) = fleet.add_jobs(1)
+    assert dispatch_job(fleet.db, fleet.svc.celery, late, "l4-par2")
+
+    apply_plan(fleet.svc, snapshot, plan)
+    (w,) = fleet.workers()
+    assert w.state == WorkerState.BOOTING.value
