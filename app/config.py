@@ -117,6 +117,9 @@ class FleetSettings(_Strict):
     # Each worker gets its own Redis ACL user limited to its queue (tasks/fleet/broker_users.py);
     # unset: on for cloud profiles, off for the local provider. Needs ACL rights (see docs).
     worker_broker_users: bool | None = None
+    # Workers of one profile in a row that never become ready before its retries are held
+    # back (doubling from backoff_seconds): a broken image is not re-created every boot timeout.
+    max_failed_boots: int = Field(default=3, ge=1)
 
 
 class BudgetSettings(_Strict):

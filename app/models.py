@@ -145,3 +145,8 @@ class ProfileState(Base):
     # After a non-capacity provisioning error (quota, permission, 5xx, timeout) the profile is
     # not retried before this time; unlike back-off, its jobs are NOT re-routed meanwhile.
     retry_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Non-capacity provisioning errors in a row: the wait before `retry_at` doubles with each.
+    consecutive_errors: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Workers of this profile in a row that never became ready (boot timeout, stopped before
+    # booting); at fleet.max_failed_boots the profile is held. Reset by a worker that is ready.
+    consecutive_failed_boots: Mapped[int] = mapped_column(Integer, default=0, server_default="0")

@@ -50,6 +50,8 @@ def render(view: dict[str, Any]) -> str:
     for p in view["profiles"]:
         workers = ", ".join(f"{k}={v}" for k, v in sorted(p["workers"].items())) or "-"
         held = p["backoff_until"] or (f"retry {p['retry_at']}" if p["retry_at"] else "-")
+        if p.get("consecutive_failed_boots"):
+            workers += f" (failed boots: {p['consecutive_failed_boots']})"
         depth = "-" if p["queue_depth"] is None else str(p["queue_depth"])
         lines.append(
             f"{p['name']:<16} {'yes' if p['enabled'] else 'no':<3} {held:<20} {workers:<28} "

@@ -30,6 +30,12 @@ _STARTING = frozenset({WorkerState.REQUESTED.value, WorkerState.CREATING.value})
 _REPORTING = frozenset({WorkerState.READY.value, WorkerState.DRAINING.value})
 # Provider states meaning "powered off"; the Go SDK spells one of them with spaces.
 STOPPED_STATES = frozenset({"stopped", "stopped in place", "stopped_in_place"})
+# The head of a death reason that is a capacity failure (see MarkDead.capacity).
+STOPPED_BEFORE_BOOT = "out of stock"
+# Why a booting worker is retired before it is ready: nothing waits for it any more.
+NOT_NEEDED = "not needed"
+# The head of the death reason of a worker that never became ready (see MarkDead.failed_boot).
+BOOT_TIMEOUT = "boot timeout"
 _BUDGET_EPSILON = 1e-9
 
 
@@ -103,6 +109,7 @@ class InstanceSnapshot:
     state: str
     worker_id: str | None = None
     profile: str | None = None
+    detail: str = ""  # the provider's word on the state (e.g. "out of stock")
 
 
 @dataclass(frozen=True)
@@ -156,6 +163,12 @@ class MarkBooted:
 class MarkDead:
     worker_id: str
     reason: str
+    # The provider stopped it before it ever booted: out of stock, as if create had said so
+    # (back-off of its profile, fallback to the next).
+    capacity: bool = False
+    # It never became ready within the boot timeout: a failed boot of its profile (counted;
+    # enough in a row hold the profile, see fleet.max_failed_boots).
+    failed_boot: bool = False
 
 
 @dataclass(frozen=True)
@@ -457,9 +470,23 @@ def plan_fleet(state: FleetState) -> FleetPlan:
 
     # 5. Tear down free workers that are drained, idle too long, or serve a profile that is
     # disabled or gone, keeping enough of them to take the jobs already on their queue.
+    # A booting worker costs as much as a ready one: once nothing waits for it (its job was
+    # cancelled, other workers took the work) it is retired now, not at the boot timeout.
     for name, t in tallies.items():
         prof = profiles.get(name)
         usable = prof is not None and prof.enabled
+        free_ready_count = sum(1 for w in t.workers if w.state == "ready" and not w.busy)
+        booting_free = sorted(
+            (w for w in t.workers if w.state == WorkerState.BOOTING.value and not w.busy),
+            key=lambda w: (w.requested_at, w.id),  # keep the oldest: nearest to ready
+        )
+        # While jobs wait unassigned, a free booting worker takes one next round (keep it);
+        # a disabled profile's worker gets none of them.
+        wanted = max(0, t.dispatched - free_ready_count) if waiting == 0 or not usable else None
+        if wanted is not None and len(booting_free) > wanted:
+            retired = {w.id for w in booting_free[wanted:]}
+            teardown.extend(Delete(w.id, NOT_NEEDED) for w in booting_free[wanted:])
+            t.workers = [w for w in t.workers if w.id not in retired]
         starting_free = sum(
             1 for w in t.workers if w.state in _SERVING and w.state != "ready" and not w.busy
         )
@@ -494,7 +521,15 @@ def plan_fleet(state: FleetState) -> FleetPlan:
         and i.worker_id not in starting
     ]
 
-    marks: list[Action] = [MarkDead(wid, reason) for wid, reason in dead.items()]
+    marks: list[Action] = [
+        MarkDead(
+            wid,
+            reason,
+            capacity=reason.startswith(STOPPED_BEFORE_BOOT),
+            failed_boot=reason.startswith(BOOT_TIMEOUT),
+        )
+        for wid, reason in dead.items()
+    ]
     deaths: list[Action] = [Delete(wid, _short(reason) or "dead") for wid, reason in dead.items()]
     actions: tuple[Action, ...] = (
         *booted,
@@ -601,10 +636,20 @@ def _death(
         return "instance gone: the provider no longer lists it"
     if inst is not None and inst.state in STOPPED_STATES and w.booted_at is not None:
         return f"instance stopped: the provider reports it {inst.state}"
+    if (
+        inst is not None
+        and inst.state in STOPPED_STATES
+        and w.state == WorkerState.BOOTING.value
+        and w.ready_at is None
+    ):
+        # Powered on, never booted, stopped again: Scaleway's asynchronous out-of-stock.
+        said = f"{inst.state}, {inst.detail}" if inst.detail else inst.state
+        return f"{STOPPED_BEFORE_BOOT}: the provider stopped it before it booted ({said})"
     if w.state == WorkerState.BOOTING.value:
         age = _age(now, w.requested_at)
         if age is not None and age > rules.boot_timeout:
-            return f"boot timeout: not ready {_fmt(age)} after it was requested"
+            seen = f" (the provider reports it {inst.state})" if inst is not None else ""
+            return f"{BOOT_TIMEOUT}: not ready {_fmt(age)} after it was requested{seen}"
         return None
     if silence_limit is not None:
         silent = now - _last_heard(w, state)

@@ -33,7 +33,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from app.config import Settings
 from app.db import Database
-from app.models import FINISHED_STATES, Job, JobStatus, Worker, WorkerState
+from app.models import FINISHED_STATES, Job, JobStatus, ProfileState, Worker, WorkerState
 from app.observability import store
 from app.observability.exposition import SeriesFamily, encode_text
 from app.observability.schema import MISSING_REASONS
@@ -222,6 +222,14 @@ class MurmurCollector:
                     Job.profile, Job.status
                 )
             ).all()
+            learned = conn.execute(
+                select(
+                    ProfileState.name,
+                    ProfileState.consecutive_failed_boots,
+                    ProfileState.retry_at,
+                    ProfileState.backoff_until,
+                )
+            ).all()
         shared = store.read_shared_state(
             self._redis,
             [w.id for w in workers],
@@ -229,6 +237,7 @@ class MurmurCollector:
         )
         yield from self._jobs(job_rows, profiles, shared, now)
         yield from self._fleet(workers, profiles, shared, now)
+        yield from self._profile_holds(learned, profiles, now)
         yield from self._lifecycle(durations, profiles)
         yield from self._workers(workers, shared, now)
         yield from self._reporting(shared)
@@ -421,6 +430,44 @@ class MurmurCollector:
             value=self._settings.fleet.reconcile_stale_seconds,
         )
         yield from (age, bound)
+
+    def _profile_holds(
+        self, rows: Sequence[Any], profiles: list[str], now: float
+    ) -> Iterator[Metric]:
+        """Why a profile gets no new worker: failed boots in a row, a hold, a back-off."""
+        failed = GaugeMetricFamily(
+            "murmur_fleet_profile_failed_boots",
+            "Workers of the profile in a row that never became ready (reset by a ready one).",
+            labels=["profile"],
+        )
+        limit = GaugeMetricFamily(
+            "murmur_fleet_max_failed_boots",
+            "Failed boots in a row after which a profile gets no new worker for a while.",
+            value=float(self._settings.fleet.max_failed_boots),
+        )
+        held = GaugeMetricFamily(
+            "murmur_fleet_profile_held",
+            "1 while the profile gets no new worker: `backoff` after an out-of-stock, `error` "
+            "after another provisioning error, `failed_boots` after too many failed boots.",
+            labels=["profile", "reason"],
+        )
+        by_name = {r[0]: r for r in rows}
+        for name in profiles:
+            row = by_name.get(name)
+            boots = int(row[1] or 0) if row is not None else 0
+            retry = row[2] if row is not None else None
+            backoff = row[3] if row is not None else None
+            failed.add_metric([name], float(boots))
+            # retry_at holds after an error and after failed boots; the count tells which.
+            boot_hold = boots >= self._settings.fleet.max_failed_boots
+            for reason, until, applies in (
+                ("backoff", backoff, True),
+                ("error", retry, not boot_hold),
+                ("failed_boots", retry, boot_hold),
+            ):
+                on = applies and until is not None and _aware(until).timestamp() > now
+                held.add_metric([name, reason], 1.0 if on else 0.0)
+        yield from (failed, limit, held)
 
     def _lifecycle(self, rows: Sequence[Any], profiles: list[str]) -> Iterator[Metric]:
         bounds = LIFECYCLE_BUCKETS
