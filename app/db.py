@@ -10,6 +10,8 @@ from typing import Any, cast
 from sqlalchemy import CursorResult, Engine, Select, create_engine, event
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
+from app.private_files import private_dir, private_file
+
 
 class Base(DeclarativeBase):
     pass
@@ -33,8 +35,14 @@ def make_engine(url: str) -> Engine:
     kwargs: dict[str, Any] = {"future": True, "hide_parameters": True}
     if url.startswith("sqlite"):
         path = url.split("///", 1)[-1]
-        if path and path != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        if path and path != ":memory:" and not path.startswith("file:"):
+            # Jobs hold prompts and transcripts: the file is the owner's alone (SQLite gives
+            # its -wal and -shm files the same mode). A directory that exists is not ours
+            # to change; one created for the database is 0700.
+            parent = Path(path).parent
+            if not parent.exists():
+                private_dir(parent)
+            private_file(path)
         kwargs["connect_args"] = {"timeout": 30, "check_same_thread": False}
     else:
         kwargs["pool_pre_ping"] = True
