@@ -7,7 +7,17 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, Float, Integer, String, Text, UniqueConstraint
+from sqlalchemy import (
+    JSON,
+    DateTime,
+    Float,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.db import Base
@@ -39,7 +49,16 @@ FINISHED_STATES = tuple(s.value for s in JobStatus if s.finished)
 
 class Job(Base):
     __tablename__ = "jobs"
-    __table_args__ = (UniqueConstraint("owner", "idempotency_key", name="uq_jobs_idempotency"),)
+    __table_args__ = (
+        UniqueConstraint("owner", "idempotency_key", name="uq_jobs_idempotency"),
+        # The retention sweep's index (app/jobs/retention.py): only jobs still holding audio.
+        Index(
+            "ix_jobs_audio_expiry",
+            "finished_at",
+            sqlite_where=text("audio_key IS NOT NULL"),
+            postgresql_where=text("audio_key IS NOT NULL"),
+        ),
+    )
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("job"))
     status: Mapped[str] = mapped_column(String(16), index=True, default=JobStatus.QUEUED.value)
