@@ -34,7 +34,7 @@ def make_engine(url: str) -> Engine:
     # Errors must not carry bound values into logs: prompts, transcripts, URLs.
     kwargs: dict[str, Any] = {"future": True, "hide_parameters": True}
     if url.startswith("sqlite"):
-        path = url.split("///", 1)[-1]
+        path = url.split("///", 1)[-1] if "///" in url else ""  # sqlite:// is in memory
         if path and path != ":memory:" and not path.startswith("file:"):
             # Jobs hold prompts and transcripts: the file is the owner's alone (SQLite gives
             # its -wal and -shm files the same mode). A directory that exists is not ours
