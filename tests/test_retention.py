@@ -26,7 +26,7 @@ from app.jobs.retention import sweep_expired_audio
 from app.models import Job, JobStatus, utcnow
 from app.storage import LocalAudioStore
 from tasks.celery_app import celery_config, make_celery
-from tests.conftest import FIXTURES, OTHER_TOKEN, ROOT, LiveApi, auth, wait_for
+from tests.conftest import FIXTURES, OTHER_TOKEN, ROOT, LiveApi, Proc, auth, wait_for
 
 SPEECH = (FIXTURES / "speech-short.wav").read_bytes()
 TRANSCRIPT = {"text": "the quick brown fox", "language": "en", "segments": []}
@@ -259,7 +259,7 @@ def test_beat_schedules_the_retention_sweep(settings: Settings) -> None:
 
 
 @pytest.mark.slow
-def test_the_control_worker_runs_the_sweep(live_api: LiveApi, control_worker: Any) -> None:
+def test_the_control_worker_runs_the_sweep(live_api: LiveApi, control_worker: Proc) -> None:
     """The scheduled task, through the broker, on a real control worker."""
     response = requests.post(
         f"{live_api.url}/v1/jobs",
@@ -274,7 +274,10 @@ def test_the_control_worker_runs_the_sweep(live_api: LiveApi, control_worker: An
     celery: Celery = make_celery(live_api.settings)
     try:
         celery.send_task("murmur.control.sweep_retention", queue="control")
-        wait_for(lambda: not audio.exists(), 60, "the control worker to delete the audio")
+        try:
+            wait_for(lambda: not audio.exists(), 90, "the control worker to delete the audio")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; control worker:\n{control_worker.output()[-3000:]}")
     finally:
         celery.close()
     job = row(live_api.db, job_id)
