@@ -10,7 +10,7 @@ from typing import Any, cast
 from sqlalchemy import CursorResult, Engine, Select, create_engine, event
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
-from app.private_files import private_dir, private_file
+from app.private_files import private_dir, private_file, tighten
 
 
 class Base(DeclarativeBase):
@@ -43,6 +43,8 @@ def make_engine(url: str) -> Engine:
             if not parent.exists():
                 private_dir(parent)
             private_file(path)
+            for companion in ("-wal", "-shm", "-journal"):  # left by an earlier, laxer version
+                tighten(Path(path + companion))
         kwargs["connect_args"] = {"timeout": 30, "check_same_thread": False}
     else:
         kwargs["pool_pre_ping"] = True

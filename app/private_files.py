@@ -17,7 +17,7 @@ FILE_MODE = 0o600
 DIR_MODE = 0o700
 
 
-def _tighten(path: Path, mode: int) -> None:
+def tighten(path: Path, mode: int = FILE_MODE) -> None:
     """Drop group/other bits of a path this user owns (someone else's is left as it is)."""
     try:
         info = path.stat()
@@ -40,7 +40,7 @@ def private_dir(path: str | os.PathLike[str]) -> Path:
     for directory in reversed(missing):
         with contextlib.suppress(FileExistsError):  # created meanwhile by another process
             os.mkdir(directory, DIR_MODE)  # the umask can only remove bits from 0700
-    _tighten(path, DIR_MODE)
+    tighten(path, DIR_MODE)
     return path
 
 
@@ -50,7 +50,7 @@ def private_file(path: str | os.PathLike[str]) -> Path:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
     except FileExistsError:
-        _tighten(path, FILE_MODE)
+        tighten(path, FILE_MODE)
     else:
         os.close(fd)
     return path

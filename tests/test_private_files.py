@@ -59,10 +59,15 @@ def test_sqlite_database_and_its_wal_files_are_owner_only(tmp_path: Path, umask_
 
 def test_an_existing_readable_database_is_tightened(tmp_path: Path, umask_022: None) -> None:
     path = tmp_path / "murmur.db"
-    path.touch()
-    path.chmod(0o644)  # as every earlier version created it
+    wal = tmp_path / "murmur.db-wal"
+    for created in (path, wal):
+        created.touch()
+        created.chmod(0o644)  # as every earlier version created them
     db = Database(f"sqlite:///{path}")
     try:
+        # Checked before the first connection: SQLite removes the -wal file on its last close.
+        assert mode(path) == 0o600
+        assert mode(wal) == 0o600
         db.ping()
     finally:
         db.dispose()
