@@ -22,7 +22,7 @@ from typing import IO
 import requests
 
 from app.config import ConfigError, check_settings, load_settings
-from app.private_files import private_dir, write_private_text
+from app.private_files import private_dir, tighten, write_private_text
 
 ROOT = Path(__file__).resolve().parent.parent
 VAR = ROOT / "var"
@@ -42,6 +42,7 @@ def dev_environment() -> dict[str, str]:
     env = dict(os.environ)
     stored: dict[str, str] = {}
     if SECRETS_FILE.exists():
+        tighten(SECRETS_FILE)  # one copied in, or restored from a backup, with a laxer mode
         for line in SECRETS_FILE.read_text().splitlines():
             key, _, value = line.partition("=")
             stored[key] = value

@@ -124,6 +124,16 @@ def test_dev_secrets_file_is_owner_only(dev_var: Path, umask_022: None) -> None:
     assert f"MURMUR_API_TOKEN={env['MURMUR_API_TOKEN']}\n" in secrets_file.read_text()
 
 
+def test_an_existing_readable_secrets_file_is_tightened(dev_var: Path, umask_022: None) -> None:
+    dev_var.mkdir()
+    secrets_file = dev_var / "dev-secrets.env"
+    # Every secret already there: nothing is generated, so nothing is rewritten.
+    secrets_file.write_text("".join(f"{name}={'t' * 40}\n" for name in stack._DEV_SECRETS))
+    secrets_file.chmod(0o644)
+    assert stack.dev_environment()["MURMUR_API_TOKEN"] == "t" * 40
+    assert mode(secrets_file) == 0o600
+
+
 def test_make_up_prints_a_generated_token_and_where_it_is_kept(dev_var: Path) -> None:
     env = stack.dev_environment()
     token = env["MURMUR_API_TOKEN"]
