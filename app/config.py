@@ -131,6 +131,17 @@ class ObservabilitySettings(_Strict):
     report_interval_seconds: float = Field(default=30.0, gt=0)
 
 
+class RetentionSettings(_Strict):
+    """How long a job's data is kept once the job has ended (docs: README, Data retention)."""
+
+    # Audio is deleted this long after its job succeeded, failed or was cancelled; the job row
+    # and transcript stay until the owner purges them (DELETE /v1/jobs/<id>?purge=true).
+    audio_seconds: float = Field(default=24 * 3600, ge=0, le=366 * 86400)
+    # How often the control worker sweeps, and how many jobs one sweep handles at most.
+    sweep_interval_seconds: float = Field(default=60.0, ge=1, le=86400)
+    batch_size: int = Field(default=200, ge=1, le=10000)
+
+
 class ScalewaySettings(_Strict):
     api_url: str = "https://api.scaleway.com"
     project_id: str = ""
@@ -148,6 +159,7 @@ class Settings(_Strict):
     fleet: FleetSettings = FleetSettings()
     budget: BudgetSettings = BudgetSettings()
     observability: ObservabilitySettings = ObservabilitySettings()
+    retention: RetentionSettings = RetentionSettings()
     scaleway: ScalewaySettings = ScalewaySettings()
     security_groups: dict[str, SecurityGroup] = {}
     profiles: tuple[Profile, ...] = ()
@@ -267,6 +279,8 @@ def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
         api["allow_private_urls"] = _truthy(env["MURMUR_ALLOW_PRIVATE_URLS"])
     if api:
         out["api"] = api
+    if "MURMUR_AUDIO_RETENTION_SECONDS" in env:
+        out["retention"] = {"audio_seconds": env["MURMUR_AUDIO_RETENTION_SECONDS"]}
     if "MURMUR_OBSERVABILITY_ENABLED" in env:
         out["observability"] = {"enabled": _truthy(env["MURMUR_OBSERVABILITY_ENABLED"])}
     return out

@@ -7,7 +7,17 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, Float, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import (
+    JSON,
+    DateTime,
+    Float,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.db import Base
@@ -43,6 +53,13 @@ class Job(Base):
         UniqueConstraint("owner", "idempotency_key", name="uq_jobs_idempotency"),
         # The webhook sweep's query: due webhooks (app/jobs/webhooks.py).
         Index("ix_jobs_webhook_due", "webhook_status", "webhook_next_at"),
+        # The retention sweep's index (app/jobs/retention.py): only jobs still holding audio.
+        Index(
+            "ix_jobs_audio_expiry",
+            "finished_at",
+            sqlite_where=text("audio_key IS NOT NULL"),
+            postgresql_where=text("audio_key IS NOT NULL"),
+        ),
     )
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("job"))

@@ -161,14 +161,23 @@ def openapi_document() -> dict[str, Any]:
                     },
                 ),
                 "delete": _op(
-                    "Cancel a job that has not finished",
+                    "Cancel a job that has not finished; with purge=true, remove an ended job",
                     {
                         "200": {"description": "Cancelled", "content": json_job},
+                        "204": {"description": "Purged: audio, transcript and job removed"},
                         "400": _ERROR,
                         "401": _ERROR,
                         "404": _ERROR,
                         "409": _ERROR,
                     },
+                    parameters=[
+                        {
+                            "name": "purge",
+                            "in": "query",
+                            "schema": {"type": "boolean", "default": False},
+                            "description": "Remove an ended job for good (afterwards: 404)",
+                        }
+                    ],
                 ),
             },
             "/v1/jobs/{job_id}/transcript": {

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO
@@ -28,6 +28,7 @@ from typing import IO
 import requests
 
 from app.config import ConfigError, check_settings, load_settings
+from app.private_files import private_dir, tighten, write_private_text
 
 ROOT = Path(__file__).resolve().parent.parent
 VAR = ROOT / "var"
@@ -47,6 +48,7 @@ def dev_environment() -> dict[str, str]:
     env = dict(os.environ)
     stored: dict[str, str] = {}
     if SECRETS_FILE.exists():
+        tighten(SECRETS_FILE)  # one copied in, or restored from a backup, with a laxer mode
         for line in SECRETS_FILE.read_text().splitlines():
             key, _, value = line.partition("=")
             stored[key] = value
@@ -59,10 +61,36 @@ def dev_environment() -> dict[str, str]:
             changed = True
         env[name] = stored[name]
     if changed:
-        VAR.mkdir(exist_ok=True)
-        SECRETS_FILE.write_text("".join(f"{k}={v}\n" for k, v in stored.items()))
-        SECRETS_FILE.chmod(0o600)
+        # 0700/0600 from creation: chmod after writing would leave a window, under umask 022,
+        # in which another local user could read the secrets.
+        private_dir(VAR)
+        write_private_text(SECRETS_FILE, "".join(f"{k}={v}\n" for k, v in stored.items()))
     return env
+
+
+def supplied_by_operator(name: str, environ: Mapping[str, str]) -> bool:
+    """Whether the operator set this secret (directly or as a *_FILE path) rather than us."""
+    return bool(environ.get(name) or environ.get(f"{name}_FILE"))
+
+
+def api_token_notice(env: Mapping[str, str], environ: Mapping[str, str], url: str) -> list[str]:
+    """What `make up` / `make demo` print about the API token.
+
+    A token the operator supplied is theirs to know and is never printed (terminal scrollback
+    and CI logs keep it); a generated one is shown, with where it is kept.
+    """
+    if supplied_by_operator("MURMUR_API_TOKEN", environ):
+        return [
+            "API token: the one you supplied (MURMUR_API_TOKEN or MURMUR_API_TOKEN_FILE)",
+            f'  curl -H "Authorization: Bearer $MURMUR_API_TOKEN" '
+            f"-F file=@samples/welcome.wav {url}/v1/jobs",
+        ]
+    token = env["MURMUR_API_TOKEN"].split(",")[0]
+    where = SECRETS_FILE.relative_to(ROOT) if SECRETS_FILE.is_relative_to(ROOT) else SECRETS_FILE
+    return [
+        f"API token: {token}  (generated for this checkout; kept in {where}, mode 0600)",
+        f"  curl -H 'Authorization: Bearer {token}' -F file=@samples/welcome.wav {url}/v1/jobs",
+    ]
 
 
 class _Tail(threading.Thread):
@@ -279,12 +307,9 @@ def up() -> int:
     env = dev_environment()
     with running_stack(env, echo=FLEET_WORDS) as stack:
         url = stack.url
-        token = env["MURMUR_API_TOKEN"].split(",")[0]
         print(f"Murmur is up at {url}  (logs in var/logs/, Ctrl-C to stop)")
-        print(f"API token: {token}")
-        print(
-            f"  curl -H 'Authorization: Bearer {token}' -F file=@samples/welcome.wav {url}/v1/jobs"
-        )
+        for line in api_token_notice(env, os.environ, url):
+            print(line, flush=True)
         try:
             return supervise(stack)
         except (KeyboardInterrupt, SystemExit):
@@ -298,12 +323,13 @@ def demo(files: list[str]) -> int:
         # The demo's preferred profile is "out of stock" so the fallback can be watched.
         env["MURMUR_CONFIG"] = str(ROOT / "config" / "demo.toml")
         env.setdefault("MURMUR_LOCAL_OUT_OF_STOCK", "local-preferred")
-    token = env["MURMUR_API_TOKEN"].split(",")[0]
-    headers = {"Authorization": f"Bearer {token}"}
     with running_stack(env, echo=FLEET_WORDS) as stack:
         url = stack.url
+        # running_stack has validated the settings; the token may come from a *_FILE path.
+        token = load_settings(env=env).api_tokens[0].get_secret_value()
+        headers = {"Authorization": f"Bearer {token}"}
         print(f"Murmur is up at {url}; transcribing {len(files)} file(s)", flush=True)
-        print(f"API token: {token}  (kept in var/dev-secrets.env for `make up`)", flush=True)
+        print(api_token_notice(env, os.environ, url)[0], flush=True)
         for name in files:
             path = Path(name)
             with path.open("rb") as fh:

@@ -54,6 +54,14 @@ def celery_config(settings: Settings) -> dict[str, Any]:
                     "expires": settings.fleet.reconcile_interval_seconds,
                 },
             },
+            "retention": {
+                "task": "murmur.control.sweep_retention",
+                "schedule": settings.retention.sweep_interval_seconds,
+                "options": {
+                    "queue": CONTROL_QUEUE,
+                    "expires": settings.retention.sweep_interval_seconds,
+                },
+            },
         },
         "timezone": "UTC",
     }
@@ -67,4 +75,4 @@ def make_celery(settings: Settings) -> Celery:
 
 celery_app = make_celery(load_settings())
 # Task modules register themselves on import; the worker imports them at start.
-celery_app.conf.include = ["tasks.jobs", "tasks.control"]
+celery_app.conf.include = ["tasks.jobs", "tasks.control", "tasks.retention"]

@@ -15,7 +15,7 @@ from app.auth import require_api_token
 from app.context import Services, services
 from app.errors import ApiError
 from app.inputs import check_text, display_filename, request_json
-from app.jobs import idempotency, service
+from app.jobs import idempotency, retention, service
 from app.jobs.formats import FORMATS, render
 from app.jobs.waiting import client_socket, sync_slots, wait_for_job
 from app.languages import WHISPER_LANGUAGES, is_english_only
@@ -289,6 +289,9 @@ def list_jobs() -> Response:
 @require_api_token
 def cancel_job(job_id: str) -> Response:
     svc = services()
+    if _flag(request.args.get("purge"), "purge"):
+        retention.purge_job(svc.db, svc.storage, job_id, g.owner)
+        return Response(status=204)
     job = service.cancel_job(svc.db, job_id, g.owner)
     service.announce_finished(svc.redis, svc.celery, job)
     return jsonify(service.job_json(job))
