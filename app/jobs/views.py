@@ -25,7 +25,11 @@ jobs_bp = Blueprint("jobs", __name__)
 
 OPENAI_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 # Job failures caused by what the client sent (answered 400, not 500, by the sync endpoint).
-_CLIENT_FAILURES = frozenset({"audio_decode_failed", "audio_too_large", "unsupported_language"})
+# audio_too_large: the download passed the worker's byte cap; audio_too_long: the decoded audio
+# passed the job's length limit (gpu_worker/audio.py).
+_CLIENT_FAILURES = frozenset(
+    {"audio_decode_failed", "audio_too_large", "audio_too_long", "unsupported_language"}
+)
 _JSON_FIELDS = {"url", "language", "webhook_url", "word_timestamps", "prompt"}
 _FORM_FIELDS = {"language", "webhook_url", "word_timestamps", "prompt"}
 _TRUE = {"1", "true", "yes", "on"}
