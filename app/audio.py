@@ -32,16 +32,18 @@ class AudioInfo:
 
 # FFmpeg's default probe reads up to 5 MB and analyses streams (about 3 ms a file); the
 # header of common audio formats sits in the first few KB, so try that first. `max_size` is
-# the WAV demuxer's packet size: 16 KB packets count a 90 s WAV in about 1 ms (4 KB: 2.3 ms;
-# larger ones are slower again), measured with bench-style timing in this repository's venv.
+# the WAV demuxer's packet size (other demuxers ignore it): 16 KB packets count a 90 s WAV in
+# about 1 ms (4 KB: 2.3 ms; larger ones are slower again). bench/long_audio.py measures the
+# probe's cost per format; docs/performance.md has the figures.
 _FAST_PROBE = {"probesize": "4096", "analyzeduration": "0", "max_size": "16384"}
 _FULL_PROBE = {"max_size": "16384"}
 # Packets in a row that give no audio before the file counts as garbage: real files have a
 # few (encoder priming, a damaged frame); 500 is 10 s of 20 ms Opus packets.
 MAX_EMPTY_PACKETS = 500
 # CPU seconds the check may spend: a fixed allowance plus what decoding the longest accepted
-# audio needs at 250x real time. The slowest common codec here (Opus) decodes at 500-900x on
-# one core, so only a file built to be slow to decode reaches it (4 h limit: 62.6 s).
+# audio needs at 250x real time. The slowest common codec (Opus) decodes at 370-900x real time
+# on one core of this project's machines, so only a file built to be slow to decode reaches
+# it (4 h limit: 62.6 s of CPU).
 _CPU_BASE_SECONDS = 5.0
 _CPU_REAL_TIME_FACTOR = 250.0
 # Checking the CPU clock costs a system call; every 64 packets is often enough.
