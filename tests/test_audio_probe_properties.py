@@ -7,20 +7,24 @@ bounded (max_examples, deadline); the database is off so nothing but the probe r
 
 from __future__ import annotations
 
+import io
 import re
 import tempfile
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
+from hypothesis import settings as examples
 from hypothesis import strategies as st
 
 from app.audio import AudioInfo, probe_audio
+from app.config import Settings
 from app.errors import ApiError
 from gpu_worker.audio import SAMPLE_RATE, AudioTooLong, decode_bounded
 from tests.audio_encode import FORMATS, encode, lying_flac, silence, xingless_vbr_mp3
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, auth
 
 LIMIT = 30.0
 REFUSALS = {
@@ -29,7 +33,7 @@ REFUSALS = {
     (413, "audio_too_long"),
     (413, "audio_too_complex"),
 }
-BOUNDED = settings(
+BOUNDED = examples(
     max_examples=150,
     deadline=5000,  # ms per example: generous for a shared machine; the files are small
     database=None,
@@ -154,7 +158,7 @@ def test_random_bytes_after_a_real_header_are_refused_or_measured(tail: bytes, n
     check(seeds()[name][:256] + tail)
 
 
-@settings(BOUNDED, max_examples=400)
+@examples(BOUNDED, max_examples=400)
 @given(mutated)
 def test_damaged_real_files_are_refused_with_a_code_or_measured(data: bytes) -> None:
     check(data)
@@ -169,3 +173,26 @@ def test_every_seed_is_measured_or_refused_as_too_long(name: str) -> None:
         assert info is None
     else:
         assert info is not None
+
+
+@examples(BOUNDED, max_examples=60)
+@given(st.one_of(mutated, st.binary(max_size=2048)))
+def test_uploads_answer_202_or_a_json_refusal_and_keep_nothing_refused(
+    client: Any, settings: Settings, data: bytes
+) -> None:
+    stored = Path(settings.storage_path)
+    before = {p for p in stored.rglob("*") if p.is_file()}
+    response = client.post(
+        "/v1/jobs",
+        data={"file": (io.BytesIO(data), "upload.bin")},
+        headers=auth(),
+        content_type="multipart/form-data",
+    )
+    after = {p for p in stored.rglob("*") if p.is_file()}
+    if response.status_code == 202:
+        assert len(after - before) == 1
+        return
+    error = response.get_json()["error"]
+    assert (response.status_code, error["code"]) in REFUSALS
+    assert set(error) == {"code", "message"} and error["message"]
+    assert after == before
