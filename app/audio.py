@@ -48,6 +48,10 @@ _CPU_BASE_SECONDS = 5.0
 _CPU_REAL_TIME_FACTOR = 250.0
 # Checking the CPU clock costs a system call; every 64 packets is often enough.
 _CPU_CHECK_EVERY = 64
+# The highest rate audio is recorded at (DXD 352.8 kHz, 384 kHz); a header can state any
+# number, and resampling from hundreds of MHz costs seconds for a fraction of a second of
+# audio. Mirrors gpu_worker.audio.MAX_SAMPLE_RATE.
+MAX_SAMPLE_RATE = 384_000
 
 
 class _NoAudio(Exception):
@@ -104,6 +108,13 @@ def _measure(
         for frame in _decoded_frames(container, stream, cpu_deadline):
             if frame.sample_rate <= 0:
                 raise _NoAudio
+            if frame.sample_rate > MAX_SAMPLE_RATE:
+                raise ApiError(
+                    400,
+                    "invalid_audio",
+                    f"the audio's sample rate ({frame.sample_rate} Hz) is above what audio uses "
+                    f"({MAX_SAMPLE_RATE} Hz)",
+                )
             if frame.sample_rate != run_rate:
                 if run_rate:
                     earlier += run_samples / run_rate

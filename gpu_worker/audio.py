@@ -36,6 +36,10 @@ MAX_EMPTY_PACKETS = 500
 # Native samples resampled at a time: fewer resampler calls for small-frame codecs, and a
 # bounded amount held between decoder and buffer (4 MiB of float32 stereo at most).
 _GROUP_SAMPLES = 1 << 19
+# The highest rate audio is recorded at (DXD 352.8 kHz, 384 kHz). A header can state any
+# number, and resampling from hundreds of MHz takes seconds for a fraction of a second of
+# audio (found by tests/test_audio_probe_properties.py). app/audio.py refuses the same.
+MAX_SAMPLE_RATE = 384_000
 # The resampler may hand back a few samples beyond the native count (its filter's tail).
 _RESAMPLER_SLACK = SAMPLE_RATE // 10
 
@@ -132,8 +136,8 @@ def decode_bounded(
         resampler: Any = None
         shape: tuple[str, str, int] | None = None
         for frame in decoded_frames(c, streams[0]):
-            if frame.sample_rate <= 0:
-                raise UndecodableAudio("a decoded frame has no sample rate")
+            if not 0 < frame.sample_rate <= MAX_SAMPLE_RATE:
+                raise UndecodableAudio(f"a decoded frame's sample rate is {frame.sample_rate} Hz")
             # A stream may change rate or layout midway (concatenated MP3s): one resampler
             # per shape, the previous one flushed first.
             frame_shape = (frame.format.name, frame.layout.name, frame.sample_rate)

@@ -106,3 +106,24 @@ def test_a_file_that_costs_more_cpu_than_allowed_is_refused(
     with pytest.raises(ApiError) as err:
         probe_audio(FIXTURES / "speech-90s.wav", max_seconds=3600)
     assert (err.value.status, err.value.code) == (413, "audio_too_complex")
+
+
+def _with_sample_rate(wav: bytes, rate: int) -> bytes:
+    """The WAV with its fmt chunk's sample rate overwritten."""
+    at = wav.index(b"fmt ") + 12  # chunk id, size, format tag, channels
+    return wav[:at] + rate.to_bytes(4, "little") + wav[at + 4 :]
+
+
+def test_a_sample_rate_no_audio_uses_is_refused(tmp_path: Path) -> None:
+    # Found by the property tests: 5 s of samples stated at 352 MHz "last" 0.2 ms, and
+    # resampling them took the worker two seconds of CPU.
+    path = tmp_path / "fast.wav"
+    path.write_bytes(_with_sample_rate((FIXTURES / "silence-5s.wav").read_bytes(), 352_337_536))
+    with pytest.raises(ApiError) as err:
+        probe_audio(path, 3600)
+    assert (err.value.status, err.value.code) == (400, "invalid_audio")
+    assert err.value.message == (
+        "the audio's sample rate (352337536 Hz) is above what audio uses (384000 Hz)"
+    )
+    path.write_bytes(_with_sample_rate((FIXTURES / "silence-5s.wav").read_bytes(), 384_000))
+    assert probe_audio(path, 3600).sample_rate == 384_000

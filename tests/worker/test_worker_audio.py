@@ -128,3 +128,11 @@ def test_a_file_without_audio_is_undecodable() -> None:
     with pytest.raises(Exception) as err:  # PyAV's own error, or ours
         decode_bounded(io.BytesIO(b"this is not audio" * 100), 60)
     assert not isinstance(err.value, AudioTooLong)
+
+
+def test_a_sample_rate_no_audio_uses_is_undecodable() -> None:
+    wav = (FIXTURES / "silence-5s.wav").read_bytes()
+    at = wav.index(b"fmt ") + 12  # chunk id, size, format tag, channels: then the rate
+    fast = wav[:at] + (352_337_536).to_bytes(4, "little") + wav[at + 4 :]
+    with pytest.raises(UndecodableAudio, match="352337536 Hz"):
+        decode_bounded(io.BytesIO(fast), 60)
