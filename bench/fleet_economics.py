@@ -181,7 +181,10 @@ class Simulation:
         self.stockouts: dict[str, Fault] = {}
         self.audio: dict[str, float] = {}  # job id -> audio seconds
         self.submitted_at: dict[str, datetime] = {}
+        # When a worker stopped a job it did not finish (cancel_job stamps the wall clock).
+        self.stopped_at: dict[tuple[str, str], datetime] = {}
         self.rounds = 0
+        self.peak: dict[str, int] = {}
 
     # -- the script's events ----------------------------------------------------------------
 
@@ -263,6 +266,7 @@ class Simulation:
         job = s.get(Job, w.current_job_id)
         if job is None or job.status != JobStatus.RUNNING.value or job.worker_id != w.id:
             # Cancelled (or taken back): the real worker learns it and stops.
+            self.stopped_at[(str(w.current_job_id), w.id)] = now
             w.current_job_id, w.idle_since = None, now
             return
         started = as_utc(job.started_at)
@@ -320,6 +324,8 @@ class Simulation:
             self.workers_step()
             reconcile(self.svc)
             self.rounds += 1
+            for key, value in self.leaks().items():  # so that "0 left" is not vacuous
+                self.peak[key] = max(self.peak.get(key, 0), value)
             if not self.busy():
                 if not events:
                     return True
@@ -345,16 +351,21 @@ def accounts(sim: Simulation, day: Day) -> dict[str, float]:
     with sim.db.reader() as s:
         workers = list(s.scalars(select(Worker)))
         jobs = list(s.scalars(select(Job)))
+    profile_of = {w.id: w.profile for w in workers}
+    out = dict.fromkeys(
+        ["paid_s", "busy_s", "boot_s", "boot_nothing_s", "idle_s", "paid_eur", "idle_boot_eur"]
+        + ["idle_eur", "boot_nothing_eur", "boot_eur", "busy_done_eur", "busy_lost_eur"],
+        0.0,
+    )
     busy_by_worker: dict[str, float] = {}
     for j in jobs:
         if j.worker_id and j.started_at is not None:
-            busy_by_worker[j.worker_id] = busy_by_worker.get(j.worker_id, 0.0) + seconds(
-                j.started_at, j.finished_at
-            )
-    out = dict.fromkeys(
-        ["paid_s", "busy_s", "boot_s", "boot_nothing_s", "idle_s", "paid_eur", "idle_boot_eur"],
-        0.0,
-    )
+            done = j.status == JobStatus.SUCCEEDED.value
+            end = j.finished_at if done else sim.stopped_at.get((j.id, j.worker_id))
+            busy = seconds(j.started_at, end)
+            busy_by_worker[j.worker_id] = busy_by_worker.get(j.worker_id, 0.0) + busy
+            eur = busy * PRICE[profile_of[j.worker_id]] / 3600
+            out["busy_done_eur" if done else "busy_lost_eur"] += eur
     for name, _, _ in EPISODES:
         out[f"{name}|paid_eur"] = out[f"{name}|waste_s"] = out[f"{name}|paid_s"] = 0.0
     for w in workers:
@@ -375,6 +386,9 @@ def accounts(sim: Simulation, day: Day) -> dict[str, float]:
         out["idle_s"] += idle
         out["paid_eur"] += paid * rate
         out["idle_boot_eur"] += (idle + nothing) * rate
+        out["idle_eur"] += idle * rate
+        out["boot_nothing_eur"] += nothing * rate
+        out["boot_eur"] += (boot - nothing) * rate
         out[f"{episode}|paid_eur"] += paid * rate
         out[f"{episode}|paid_s"] += paid
         out[f"{episode}|waste_s"] += idle + nothing
@@ -441,7 +455,11 @@ def main() -> int:
         ("euros paid", a["paid_eur"], "EUR"),
         ("floor (cheapest feasible, busy only)", a["floor_eur"], "EUR"),
         ("euros above the floor", excess, "EUR"),
-        ("  of which idle or booting for nothing", a["idle_boot_eur"], "EUR"),
+        ("  idle", a["idle_eur"], "EUR"),
+        ("  booting for nothing", a["boot_nothing_eur"], "EUR"),
+        ("  booting, then worked", a["boot_eur"], "EUR"),
+        ("  work on jobs not transcribed", a["busy_lost_eur"], "EUR"),
+        ("  costlier profile than the floor's", a["busy_done_eur"] - a["floor_eur"], "EUR"),
         ("paid / floor", a["paid_eur"] / a["floor_eur"] if a["floor_eur"] else 0.0, "ratio"),
     ]
     for name, value, unit in rows:
@@ -456,6 +474,7 @@ def main() -> int:
             f"{name:<40} {a[name + '|paid_s']:>12.0f} {a[name + '|waste_s']:>12.0f}"
             f" {a[name + '|paid_eur']:>8.3f}"
         )
+    print("most at once during the day: " + ", ".join(f"{k} {v}" for k, v in sim.peak.items()))
     print("leaked at the end: " + ", ".join(f"{k} {v}" for k, v in leaks.items()))
     ok = finished and not any(leaks.values())
     if not finished:
