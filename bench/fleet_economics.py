@@ -338,8 +338,11 @@ class Simulation:
     # -- the accounts -----------------------------------------------------------------------
 
     def leaks(self) -> dict[str, int]:
-        users = [u for u in self.redis.acl_users() if str(u).startswith(USER_PREFIX)]
-        return {**self.emulator.inventory(), "broker_users": len(users)}
+        """What is still billed at the emulator, and the broker users of this run's workers."""
+        with self.db.reader() as s:
+            ours = {USER_PREFIX + w for w in s.scalars(select(Worker.id))}
+        users = {u.decode() if isinstance(u, bytes) else str(u) for u in self.redis.acl_users()}
+        return {**self.emulator.inventory(), "broker_users": len(users & ours)}
 
 
 def seconds(a: datetime | None, b: datetime | None) -> float:

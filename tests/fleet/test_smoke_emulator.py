@@ -130,6 +130,10 @@ def test_smoke_on_the_emulator_transcribes_with_a_real_worker_and_leaves_nothing
     # Provisioned through the real SDK, its worker ran from the user data it was given.
     assert result.ok, report + "\n" + "\n".join(lines)
     assert host.started == [worker.instance_id]
+    env = host.environments[worker.instance_id]
+    assert env["MURMUR_WORKER_ID"] == worker.id and env["MURMUR_INSTANCE_ID"] == worker.instance_id
+    # It took the job from the broker under its own Redis user (removed at teardown below).
+    assert f"//{USER_PREFIX}{worker.id}:" in env["MURMUR_BROKER_URL"]
     assert worker.runtime is not None and worker.runtime["device"] == "cpu"
     assert worker.runtime["compute_type"] == "int8" and worker.runtime["profile"] == "cpu-par1"
     # tiny.en hears "quick round fox" in this recording; these words it gets right.
@@ -148,7 +152,7 @@ def test_smoke_on_the_emulator_transcribes_with_a_real_worker_and_leaves_nothing
     assert ops[:3] == ["create", "user_data", "poweron"] and "terminate" in ops
     host.settle()
     assert host.processes_left() == []
-    assert not [u for u in clean_redis.acl_users() if str(u).startswith(USER_PREFIX)]
+    assert clean_redis.acl_getuser(USER_PREFIX + worker.id) is None
 
 
 def test_the_env_file_is_read_from_cloud_init_as_rendered() -> None:

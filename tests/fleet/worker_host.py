@@ -43,6 +43,7 @@ class LocalWorkerHost:
         self._stopping: list[threading.Thread] = []
         self._lock = threading.Lock()
         self.started: list[str] = []  # server ids, in order
+        self.environments: dict[str, dict[str, str]] = {}  # what each server's worker got
 
     def power_on(self, server_id: str, user_data: dict[str, bytes]) -> None:
         env = env_file_of(user_data[USER_DATA_KEY])
@@ -51,6 +52,7 @@ class LocalWorkerHost:
         with self._lock:
             self._running[server_id] = instance.instance_id
             self.started.append(server_id)
+            self.environments[server_id] = env
 
     def power_off(self, server_id: str) -> None:
         with self._lock:
