@@ -19,12 +19,15 @@ split into busy (a job running), booting (creation → ready) and idle (ready, n
 of a worker that never ran a job is "for nothing". The floor is a fleet with perfect
 foresight: each transcribed job processed on the cheapest profile feasible (enabled, in stock,
 its image working) when it was submitted, paying processing time only — no boot, no idle.
-Excess = paid − floor. Leaks are read back at the end: servers, IPs and volumes from the
-emulator, and Redis ACL users of workers.
+Excess = paid − floor. The day runs twice: as is, and by an "informed" fleet whose profiles
+are disabled exactly while infeasible (stock-out, broken image), the price of finding out
+being the difference. Leaks are read back at the end of each: servers, IPs and volumes from
+the emulator, and the Redis ACL users of the run's workers.
 
-Bounded: at most MAX_ROUNDS reconciles and MAX_WALL_SECONDS of wall time; exits non-zero if
-the day did not finish or anything leaked. Run: .venv/bin/python bench/fleet_economics.py
-(MURMUR_BENCH_REDIS_URL, default redis://127.0.0.1:6379/13: a database it empties).
+Bounded: at most MAX_ROUNDS reconciles per run and MAX_WALL_SECONDS of wall time in all;
+exits non-zero if a day did not finish or anything leaked.
+Run: .venv/bin/python bench/fleet_economics.py (MURMUR_BENCH_REDIS_URL, default
+redis://127.0.0.1:6379/13: a database it empties).
 """
 
 from __future__ import annotations
@@ -132,8 +135,15 @@ def script(rng: random.Random) -> Day:
     return day
 
 
+PROFILE_OF_TYPE = {"L4-1-24G": "l4-par2", "RENDER-S": "p100-par1"}
+
+
 class Simulation:
-    def __init__(self, tmp: Path, emulator: InstanceEmulator) -> None:
+    """One run of the day. `informed`: the counterfactual fleet that knows what is feasible
+    (a profile is disabled exactly while it is out of stock or its image is broken)."""
+
+    def __init__(self, tmp: Path, emulator: InstanceEmulator, *, informed: bool = False) -> None:
+        self.informed = informed
         self.emulator = emulator
         groups = {
             "workers-par2": {
@@ -185,6 +195,8 @@ class Simulation:
         self.stopped_at: dict[tuple[str, str], datetime] = {}
         self.rounds = 0
         self.peak: dict[str, int] = {}
+        self.accounts: dict[str, float] = {}
+        self.left: dict[str, int] = {}
 
     # -- the script's events ----------------------------------------------------------------
 
@@ -214,6 +226,9 @@ class Simulation:
                 )
             for job_id in newest:
                 cancel_job(self.db, job_id, "bench")
+        elif self.informed:
+            name = PROFILE_OF_TYPE.get(arg, arg)
+            self.enable(name, kind in ("restock", "fix"))
         elif kind == "stockout":
             self.stockouts[arg] = self.emulator.inject(
                 "create", "out_of_stock", commercial_type=arg
@@ -225,6 +240,14 @@ class Simulation:
             self.broken.add(arg)
         elif kind == "fix":
             self.broken.discard(arg)
+
+    def enable(self, name: str, enabled: bool) -> None:
+        settings = self.svc.settings
+        profiles = [
+            p.model_copy(update={"enabled": enabled}) if p.name == name else p
+            for p in settings.profiles
+        ]
+        self.svc.settings = settings.model_copy(update={"profiles": profiles})
 
     # -- the simulated workers --------------------------------------------------------------
 
@@ -416,70 +439,95 @@ def accounts(sim: Simulation, day: Day) -> dict[str, float]:
     return out
 
 
-def main() -> int:
-    # The fleet logs every decision (failed boots at ERROR); the table is the output here.
-    logging.disable(logging.ERROR)
-    wall = time.monotonic()
+def simulate(day: Day, *, informed: bool, wall_deadline: float) -> tuple[Simulation, bool]:
     emulator = InstanceEmulator(secret_key=SECRET_KEY, project_id=PROJECT_ID)
     emulator.start()
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            sim = Simulation(Path(tmp), emulator)
-            day = script(random.Random(11))
-            finished = sim.run(day, wall + MAX_WALL_SECONDS)
-            a = accounts(sim, day)
-            leaks = sim.leaks()
+            sim = Simulation(Path(tmp), emulator, informed=informed)
+            finished = sim.run(day, wall_deadline)
+            sim.accounts = accounts(sim, day)
+            sim.left = sim.leaks()
             sim.celery.close()
             sim.redis.flushdb()
             sim.db.dispose()
     finally:
         emulator.stop()
+    return sim, finished
+
+
+def main() -> int:
+    # The fleet logs every decision (failed boots at ERROR); the table is the output here.
+    logging.disable(logging.ERROR)
+    wall = time.monotonic()
+    day = script(random.Random(11))
+    sim, finished = simulate(day, informed=False, wall_deadline=wall + MAX_WALL_SECONDS)
+    informed, finished_b = simulate(day, informed=True, wall_deadline=wall + MAX_WALL_SECONDS)
+    finished = finished and finished_b
+    a, b = sim.accounts, informed.accounts
     elapsed = time.monotonic() - wall
-    excess = a["paid_eur"] - a["floor_eur"]
     print(
-        f"fleet economics: a scripted 12 h day, {sim.rounds} reconciles every {INTERVAL:g} "
-        f"simulated s, {elapsed:.0f} s wall"
+        f"fleet economics: a scripted 12 h day, twice ({sim.rounds} + {informed.rounds} "
+        f"reconciles every {INTERVAL:g} simulated s), {elapsed:.0f} s wall"
     )
-    print(
-        f"jobs {a['jobs']:.0f}: {a['succeeded']:.0f} succeeded, {a['cancelled']:.0f} cancelled, "
-        f"{a['failed']:.0f} failed; workers created {a['workers']:.0f} ("
-        + ", ".join(f"{p} {a['workers_' + p]:.0f}" for p in ORDER)
-        + ")"
-    )
+    for label, x in (("this fleet", a), ("informed", b)):
+        print(
+            f"{label}: jobs {x['jobs']:.0f}: {x['succeeded']:.0f} succeeded, "
+            f"{x['cancelled']:.0f} cancelled, {x['failed']:.0f} failed; workers created "
+            f"{x['workers']:.0f} (" + ", ".join(f"{p} {x['workers_' + p]:.0f}" for p in ORDER) + ")"
+        )
+
+    def per_audio(x: dict[str, float]) -> float:
+        return x["paid_s"] / x["audio_s"] if x["audio_s"] else 0.0
+
     rows = [
-        ("audio transcribed", a["audio_s"], "s"),
-        ("GPU time paid", a["paid_s"], "s"),
-        ("  busy (a job running)", a["busy_s"], "s"),
-        ("  booting, then worked", a["boot_s"], "s"),
-        ("  booting for nothing", a["boot_nothing_s"], "s"),
-        ("  idle (ready, no job)", a["idle_s"], "s"),
-        ("GPU-s paid per audio-s", a["paid_s"] / a["audio_s"] if a["audio_s"] else 0.0, "ratio"),
-        ("GPU-s idle or booting for nothing", a["idle_s"] + a["boot_nothing_s"], "s"),
-        ("euros paid", a["paid_eur"], "EUR"),
-        ("floor (cheapest feasible, busy only)", a["floor_eur"], "EUR"),
-        ("euros above the floor", excess, "EUR"),
-        ("  idle", a["idle_eur"], "EUR"),
-        ("  booting for nothing", a["boot_nothing_eur"], "EUR"),
-        ("  booting, then worked", a["boot_eur"], "EUR"),
-        ("  work on jobs not transcribed", a["busy_lost_eur"], "EUR"),
-        ("  costlier profile than the floor's", a["busy_done_eur"] - a["floor_eur"], "EUR"),
-        ("paid / floor", a["paid_eur"] / a["floor_eur"] if a["floor_eur"] else 0.0, "ratio"),
+        ("audio transcribed", "audio_s", "s"),
+        ("GPU time paid", "paid_s", "s"),
+        ("  busy (a job running)", "busy_s", "s"),
+        ("  booting, then worked", "boot_s", "s"),
+        ("  booting for nothing", "boot_nothing_s", "s"),
+        ("  idle (ready, no job)", "idle_s", "s"),
+        ("GPU-s paid per audio-s", per_audio, "ratio"),
+        ("GPU-s idle or booting for nothing", lambda x: x["idle_s"] + x["boot_nothing_s"], "s"),
+        ("euros paid", "paid_eur", "EUR"),
+        ("floor (cheapest feasible, busy only)", "floor_eur", "EUR"),
+        ("euros above the floor", lambda x: x["paid_eur"] - x["floor_eur"], "EUR"),
+        ("  idle", "idle_eur", "EUR"),
+        ("  booting for nothing", "boot_nothing_eur", "EUR"),
+        ("  booting, then worked", "boot_eur", "EUR"),
+        ("  work on jobs not transcribed", "busy_lost_eur", "EUR"),
+        (
+            "  costlier profile than the floor's",
+            lambda x: x["busy_done_eur"] - x["floor_eur"],
+            "EUR",
+        ),
     ]
-    for name, value, unit in rows:
-        print(f"{name:<40} {value:>12.3f} {unit}")
+    print(f"{'':<40} {'this fleet':>12} {'informed':>12}")
+    for name, key, unit in rows:
+        va, vb = (key(x) if callable(key) else x[key] for x in (a, b))
+        print(f"{name:<40} {va:>12.3f} {vb:>12.3f} {unit}")
+    print(
+        f"euros above the informed fleet: {a['paid_eur'] - b['paid_eur']:.3f} EUR "
+        f"(paid {a['paid_eur']:.3f} / {b['paid_eur']:.3f})"
+    )
     print()
     print(
         f"{'by episode (workers requested in it)':<40} {'GPU-s paid':>12}"
-        f" {'idle/nothing':>12} {'EUR':>8}"
+        f" {'idle/nothing':>12} {'EUR':>8} {'informed':>8}"
     )
     for name, _, _ in EPISODES:
         print(
             f"{name:<40} {a[name + '|paid_s']:>12.0f} {a[name + '|waste_s']:>12.0f}"
-            f" {a[name + '|paid_eur']:>8.3f}"
+            f" {a[name + '|paid_eur']:>8.3f} {b[name + '|paid_eur']:>8.3f}"
         )
-    print("most at once during the day: " + ", ".join(f"{k} {v}" for k, v in sim.peak.items()))
-    print("leaked at the end: " + ", ".join(f"{k} {v}" for k, v in leaks.items()))
-    ok = finished and not any(leaks.values())
+    for label, run in (("this fleet", sim), ("informed", informed)):
+        print(
+            f"{label}: most at once "
+            + ", ".join(f"{k} {v}" for k, v in run.peak.items())
+            + "; left at the end "
+            + ", ".join(f"{k} {v}" for k, v in run.left.items())
+        )
+    ok = finished and not any(sim.left.values()) and not any(informed.left.values())
     if not finished:
         print(f"DID NOT FINISH within {MAX_ROUNDS} reconciles / {MAX_WALL_SECONDS:g} s")
     return 0 if ok else 1
