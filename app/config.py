@@ -208,6 +208,8 @@ def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
     api: dict[str, Any] = {}
     if "MURMUR_DATABASE_URL" in env:
         out["database_url"] = env["MURMUR_DATABASE_URL"]
+    elif env.get("MURMUR_DATABASE_URL_FILE"):  # a URL with a password is a secret: from a file
+        out["database_url"] = _secret_from_env(env, "MURMUR_DATABASE_URL")
     if "MURMUR_REDIS_URL" in env:
         out["redis_url"] = env["MURMUR_REDIS_URL"]
     if "MURMUR_WORKER_BROKER_URL" in env:
