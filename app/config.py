@@ -142,6 +142,24 @@ class RetentionSettings(_Strict):
     batch_size: int = Field(default=200, ge=1, le=10000)
 
 
+class RedisSettings(_Strict):
+    """Redis high availability: with `sentinels` set, every client (Celery's broker, the app's
+    own keys, cloud-init's broker URL) asks those Sentinels for the current primary of
+    `master_name`, and `redis_url` gives only the database number and credentials."""
+
+    sentinels: tuple[str, ...] = ()
+    master_name: str = Field(default="murmur", min_length=1)
+
+    @field_validator("sentinels")
+    @classmethod
+    def _host_ports(cls, sentinels: tuple[str, ...]) -> tuple[str, ...]:
+        for entry in sentinels:
+            host, _, port = entry.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"{entry!r} is not host:port")
+        return sentinels
+
+
 class ScalewaySettings(_Strict):
     api_url: str = "https://api.scaleway.com"
     project_id: str = ""
@@ -151,6 +169,7 @@ class Settings(_Strict):
     api: ApiSettings = ApiSettings()
     database_url: str = "sqlite:///var/murmur.db"
     redis_url: str = "redis://127.0.0.1:6379/0"
+    redis: RedisSettings = RedisSettings()
     # The broker URL handed to workers (cloud-init), when it differs from the control plane's:
     # a name they can reach; each worker's own Redis user goes into it (fleet.worker_broker_users).
     worker_broker_url: str | None = None
@@ -255,8 +274,19 @@ def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
     api: dict[str, Any] = {}
     if "MURMUR_DATABASE_URL" in env:
         out["database_url"] = env["MURMUR_DATABASE_URL"]
+    elif env.get("MURMUR_DATABASE_URL_FILE"):  # a URL with a password is a secret: from a file
+        out["database_url"] = _secret_from_env(env, "MURMUR_DATABASE_URL")
     if "MURMUR_REDIS_URL" in env:
         out["redis_url"] = env["MURMUR_REDIS_URL"]
+    redis: dict[str, Any] = {}
+    if "MURMUR_REDIS_SENTINELS" in env:
+        redis["sentinels"] = [
+            h.strip() for h in env["MURMUR_REDIS_SENTINELS"].split(",") if h.strip()
+        ]
+    if "MURMUR_REDIS_MASTER_NAME" in env:
+        redis["master_name"] = env["MURMUR_REDIS_MASTER_NAME"]
+    if redis:
+        out["redis"] = redis
     if "MURMUR_WORKER_BROKER_URL" in env:
         out["worker_broker_url"] = env["MURMUR_WORKER_BROKER_URL"]
     if "MURMUR_STORAGE_PATH" in env:

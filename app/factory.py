@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 
-import redis
 from celery import Celery
 from flask import Flask, Response
 
@@ -14,6 +13,7 @@ from app.db import Database
 from app.errors import register_error_handlers
 from app.inputs import check_request_text
 from app.json_provider import FiniteJSONProvider
+from app.redis_primary import redis_client
 from app.storage import LocalAudioStore
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ def create_app(
     app.extensions["murmur"] = Services(
         settings=settings,
         db=db or Database(settings.database_url),
-        redis=redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=2),
+        redis=redis_client(settings, socket_timeout=5, socket_connect_timeout=2),
         celery=celery,
         storage=LocalAudioStore(settings.storage_path),
     )

@@ -34,11 +34,13 @@ MAX_RETRIES = 5
 RETRY_BACKOFF_MAX_SECONDS = 60
 
 
-def celery_config(broker_url: str, queue: str) -> dict[str, Any]:
+def celery_config(broker_url: str, queue: str, master_name: str | None = None) -> dict[str, Any]:
+    # A sentinel:// broker names the Redis primary through Sentinel: kombu needs its name.
+    sentinel = {"master_name": master_name} if master_name else {}
     return {
         "broker_url": broker_url,
         "broker_connection_retry_on_startup": True,
-        "broker_transport_options": {"visibility_timeout": VISIBILITY_TIMEOUT_SECONDS},
+        "broker_transport_options": {"visibility_timeout": VISIBILITY_TIMEOUT_SECONDS, **sentinel},
         "visibility_timeout": VISIBILITY_TIMEOUT_SECONDS,
         "result_backend": None,
         "task_ignore_result": True,
@@ -70,6 +72,7 @@ def make_celery(
     queue: str,
     run_job: Callable[[str], Outcome],
     on_retired: Callable[[], None] = lambda: os.kill(os.getpid(), signal.SIGTERM),
+    master_name: str | None = None,
 ) -> Celery:
     """A Celery app whose `murmur.transcribe` task calls `run_job(job_id)`.
 
@@ -78,7 +81,7 @@ def make_celery(
     no longer accepts (this worker was retired) hands the message back and stops the worker.
     """
     app = Celery("murmur-worker", set_as_current=False)
-    app.conf.update(celery_config(broker_url, queue))
+    app.conf.update(celery_config(broker_url, queue, master_name))
 
     def transcribe(task: Task, job_id: str) -> str:
         try:

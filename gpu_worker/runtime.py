@@ -53,6 +53,8 @@ class WorkerIdentity(BaseModel):
     control_url: str
     # A Redis URL may carry a password, so it is as secret as the token.
     broker_url: SecretStr
+    # Set with a sentinel:// broker URL: the primary's name in Redis Sentinel.
+    broker_master_name: str | None = None
 
 
 class RuntimeProfile(BaseModel):
@@ -161,9 +163,15 @@ def _read_identity(reader: _EnvReader) -> WorkerIdentity | None:
     )
     broker_url = reader.secret(
         "MURMUR_BROKER_URL",
-        lambda value: urlsplit(value).scheme in ("redis", "rediss"),
-        "is not a redis:// or rediss:// URL",
+        lambda value: urlsplit(value).scheme in ("redis", "rediss", "sentinel"),
+        "is not a redis://, rediss:// or sentinel:// URL",
     )
+    master_name = reader.text(
+        "MURMUR_BROKER_MASTER_NAME", _ID.fullmatch, "is not a Sentinel master name", required=False
+    )
+    if broker_url is not None and urlsplit(broker_url).scheme == "sentinel" and not master_name:
+        reader.problems.append("MURMUR_BROKER_MASTER_NAME: not set; a sentinel:// broker needs it")
+        return None
     if None in (worker_id, instance_id, token, control_url, broker_url):
         return None
     return WorkerIdentity.model_validate(
@@ -174,6 +182,7 @@ def _read_identity(reader: _EnvReader) -> WorkerIdentity | None:
             # The protocol says no trailing slash; tolerate one rather than build "//internal".
             "control_url": str(control_url).rstrip("/"),
             "broker_url": broker_url,
+            "broker_master_name": master_name,
         }
     )
 

@@ -8,6 +8,7 @@ import redis
 
 from app.config import Settings, load_settings
 from app.db import Database
+from app.redis_primary import redis_client as primary_client
 
 
 @lru_cache(maxsize=1)
@@ -22,7 +23,7 @@ def database() -> Database:
 
 @lru_cache(maxsize=1)
 def redis_client() -> redis.Redis:
-    return redis.Redis.from_url(settings().redis_url, socket_timeout=5, socket_connect_timeout=5)
+    return primary_client(settings(), socket_timeout=5, socket_connect_timeout=5)
 
 
 def reset() -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from app.config import Profile, Settings, worker_image_problem
 from app.credentials import InstanceCredential
 from app.fleet.catalog import SERVER_TYPES
+from app.redis_primary import broker_url
 
 # Scaleway documents no user-data size limit; we keep ours far below the common 16 KiB cap.
 USER_DATA_LIMIT_BYTES = 16 * 1024
@@ -62,6 +63,17 @@ def worker_environment(
         "MURMUR_BATCH_SIZE": str(profile.batch_size),
         "MURMUR_OBSERVABILITY_ENABLED": "1" if settings.observability.enabled else "0",
         "MURMUR_REPORT_INTERVAL": str(settings.observability.report_interval_seconds),
+        **_sentinel_broker(settings),
+    }
+
+
+def _sentinel_broker(settings: Settings) -> dict[str, str]:
+    """Without a worker broker URL of their own, workers follow the primary through Sentinel."""
+    if settings.worker_broker_url or not settings.redis.sentinels:
+        return {}
+    return {
+        "MURMUR_BROKER_URL": broker_url(settings),
+        "MURMUR_BROKER_MASTER_NAME": settings.redis.master_name,
     }
 
 
