@@ -11,6 +11,7 @@ from typing import Any
 from celery import Celery
 
 from app.config import Settings, load_settings
+from gpu_worker.broker_tls import celery_broker
 
 CONTROL_QUEUE = "control"
 TRANSCRIBE_TASK = "murmur.transcribe"
@@ -21,7 +22,8 @@ VISIBILITY_TIMEOUT_SECONDS = 4 * 3600
 
 def celery_config(settings: Settings) -> dict[str, Any]:
     return {
-        "broker_url": settings.redis_url,
+        # rediss://: the broker's certificate is always verified (gpu_worker/broker_tls.py).
+        **celery_broker(settings.redis_url, settings.redis_ca_certs),
         "broker_connection_retry_on_startup": True,
         # An API request that finds the broker down answers quickly instead of hanging.
         "broker_connection_timeout": 2.0,
