@@ -7,6 +7,7 @@ stops the worker with one message per bad variable that names it and what it acc
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Literal, get_args
@@ -53,6 +54,8 @@ class WorkerIdentity(BaseModel):
     control_url: str
     # A Redis URL may carry a password, so it is as secret as the token.
     broker_url: SecretStr
+    # The CA file a rediss:// broker's certificate is verified against (None: the system's).
+    broker_ca_certs: str | None = None
 
 
 class RuntimeProfile(BaseModel):
@@ -164,6 +167,9 @@ def _read_identity(reader: _EnvReader) -> WorkerIdentity | None:
         lambda value: urlsplit(value).scheme in ("redis", "rediss"),
         "is not a redis:// or rediss:// URL",
     )
+    broker_ca_certs = reader.text(
+        "MURMUR_BROKER_CA_CERTS", _is_readable_file, "is not a readable CA file", required=False
+    )
     if None in (worker_id, instance_id, token, control_url, broker_url):
         return None
     return WorkerIdentity.model_validate(
@@ -174,8 +180,13 @@ def _read_identity(reader: _EnvReader) -> WorkerIdentity | None:
             # The protocol says no trailing slash; tolerate one rather than build "//internal".
             "control_url": str(control_url).rstrip("/"),
             "broker_url": broker_url,
+            "broker_ca_certs": broker_ca_certs,
         }
     )
+
+
+def _is_readable_file(value: str) -> bool:
+    return os.access(value, os.R_OK) and os.path.isfile(value)
 
 
 def _is_http_url(value: str) -> bool:
