@@ -38,10 +38,12 @@ from app.models import utcnow
 from app.observability.store import count_rejection, snapshot_key
 from gpu_worker.celery_app import make_celery as make_worker_celery
 from gpu_worker.jobs import Outcome
+from gpu_worker.runtime import RuntimeProfileError, load_runtime_profile
 from tasks.celery_app import make_celery
 from tasks.fleet import broker_users
 from tasks.fleet.reconcile import LOCK_KEY
 from tests.fleet.conftest import L4
+from tests.worker.conftest import CPU_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_DIR = ROOT / "docker" / "redis"
@@ -439,3 +441,42 @@ def test_validate_config_wants_tls_with_verification_for_workers(tmp_path: Path)
     assert problems(worker_broker_url=good, redis_ca_certs=str(tmp_path / "key.pem")) == [
         f"redis_ca_certs: {tmp_path / 'key.pem'} holds no PEM certificate"
     ]
+
+
+def test_the_worker_refuses_a_ca_file_it_cannot_read(tmp_path: Path) -> None:
+    env = {**CPU_ENV, "MURMUR_BROKER_URL": "rediss://127.0.0.1:6380/0"}
+    missing = tmp_path / "broker-ca.pem"
+    with pytest.raises(RuntimeProfileError) as caught:
+        load_runtime_profile(
+            {**env, "MURMUR_BROKER_CA_CERTS": str(missing)},
+            model_names=["tiny.en"],
+            require_identity=True,
+        )
+    assert (
+        str(caught.value) == f"MURMUR_BROKER_CA_CERTS: {str(missing)!r} is not a readable CA file"
+    )
+    missing.write_text("-----BEGIN CERTIFICATE-----\n")
+    identity = load_runtime_profile(
+        {**env, "MURMUR_BROKER_CA_CERTS": str(missing)},
+        model_names=["tiny.en"],
+        require_identity=True,
+    ).identity
+    assert identity is not None and identity.broker_ca_certs == str(missing)
+
+
+def test_no_user_data_without_the_ca_it_should_carry(tmp_path: Path) -> None:
+    settings = Settings.model_validate(
+        {
+            "worker_broker_url": "rediss://broker.example.com:6380/0",
+            "redis_ca_certs": str(tmp_path / "absent.pem"),
+            "profiles": [L4],
+            "signing_key": "signing-key-" + "b" * 32,
+        }
+    )
+    profile = settings.profile("l4-par2")
+    env = worker_environment(settings, profile, "wrk_1", "inst-1")
+    with pytest.raises(ValueError, match="redis_ca_certs: cannot read .*absent.pem"):
+        render_user_data(env, profile)
+    # A plain redis:// broker (the local demo) gets no CA.
+    plain = settings.model_copy(update={"worker_broker_url": "redis://127.0.0.1:6379/0"})
+    assert "MURMUR_BROKER_CA_CERTS" not in worker_environment(plain, profile, "wrk_1", "inst-1")
