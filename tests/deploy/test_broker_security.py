@@ -480,3 +480,33 @@ def test_no_user_data_without_the_ca_it_should_carry(tmp_path: Path) -> None:
     # A plain redis:// broker (the local demo) gets no CA.
     plain = settings.model_copy(update={"worker_broker_url": "redis://127.0.0.1:6379/0"})
     assert "MURMUR_BROKER_CA_CERTS" not in worker_environment(plain, profile, "wrk_1", "inst-1")
+
+
+def test_the_redis_cli_checks_in_the_docs(broker: Broker) -> None:
+    """docs/deploy-workers.md's checks: the password travels in REDISCLI_AUTH, not argv."""
+    if shutil.which("redis-cli") is None:
+        pytest.fail("redis-cli is not installed")
+
+    def cli(ca: Path, user: str | None = None) -> str:
+        args = [
+            "redis-cli",
+            "--tls",
+            "--cacert",
+            str(ca),
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(broker.port),
+        ]
+        env = dict(os.environ)
+        if user is not None:
+            args += ["--user", user]
+            env["REDISCLI_AUTH"] = broker.password
+        done = subprocess.run(
+            [*args, "PING"], capture_output=True, text=True, timeout=30, env=env, check=False
+        )
+        return (done.stdout + done.stderr).strip()
+
+    assert cli(broker.pki.ca, "murmur-control") == "PONG"
+    assert "NOAUTH" in cli(broker.pki.ca)
+    assert "certificate verify failed" in cli(broker.pki.other_ca, "murmur-control")
