@@ -30,6 +30,7 @@ from celery import Celery
 
 from app.broker import redis_client
 from app.config import Settings, broker_tls_problems
+from app.db import Base, Database
 from app.fleet import cloudinit
 from app.fleet.cloudinit import render_user_data, worker_environment
 from app.fleet.liveness import record_reconciled
@@ -42,7 +43,11 @@ from gpu_worker.runtime import RuntimeProfileError, load_runtime_profile
 from tasks.celery_app import make_celery
 from tasks.fleet import broker_users
 from tasks.fleet.reconcile import LOCK_KEY
-from tests.fleet.conftest import L4
+from tasks.fleet.services import FleetServices
+from tasks.providers import ProviderRegistry
+from tasks.providers.scaleway import ScalewayProvider
+from tests.fleet.conftest import L4, PROJECT_ID, SECRET_KEY, FakeClock, Fleet, fleet_settings
+from tests.fleet.emulator import InstanceEmulator
 from tests.worker.conftest import CPU_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -228,11 +233,14 @@ def admin(broker: Broker) -> Iterator[redis.Redis]:
     client.flushdb()
     client.acl_log_reset()
     yield client
-    for name in client.acl_users():
-        text = name.decode() if isinstance(name, bytes) else str(name)
-        if text.startswith(broker_users.USER_PREFIX):
-            client.acl_deluser(text)
+    for name in _users(client):
+        if name.startswith(broker_users.USER_PREFIX):
+            client.acl_deluser(name)
     client.close()
+
+
+def _users(admin: redis.Redis) -> set[str]:
+    return {n.decode() if isinstance(n, bytes) else str(n) for n in admin.acl_users()}  # type: ignore[union-attr]
 
 
 def _wait(condition: Callable[[], object], timeout: float, what: str) -> None:
@@ -510,3 +518,62 @@ def test_the_redis_cli_checks_in_the_docs(broker: Broker) -> None:
     assert cli(broker.pki.ca, "murmur-control") == "PONG"
     assert "NOAUTH" in cli(broker.pki.ca)
     assert "certificate verify failed" in cli(broker.pki.other_ca, "murmur-control")
+
+
+def test_the_fleet_runs_a_worker_lifecycle_over_tls_within_its_rights(
+    broker: Broker, admin: redis.Redis, tmp_path: Path
+) -> None:
+    """Reconcile, dispatch and teardown through the control plane's user on the TLS broker."""
+    emulator = InstanceEmulator(secret_key=SECRET_KEY, project_id=PROJECT_ID)
+    emulator.start()
+    db = Database(f"sqlite:///{tmp_path}/fleet.db")
+    Base.metadata.create_all(db.engine)
+    groups = {
+        "workers-par2": {"id": emulator.add_security_group("fr-par-2", "m"), "zone": "fr-par-2"}
+    }
+    settings = fleet_settings(emulator.url, groups, [L4]).model_copy(
+        update={
+            "redis_url": broker.control_url,
+            "redis_ca_certs": str(broker.pki.ca),
+            "worker_broker_url": broker.url(),
+        }
+    )
+    svc = FleetServices(
+        settings=settings,
+        db=db,
+        redis=redis_client(settings, socket_timeout=5),
+        celery=make_celery(settings),
+        providers=ProviderRegistry(
+            settings,
+            {"scaleway": ScalewayProvider(settings, poll_interval=0.01, teardown_wait=1.0)},
+        ),
+        clock=FakeClock(),
+    )
+    fleet = Fleet(svc, svc.clock, emulator)  # type: ignore[arg-type]
+    try:
+        fleet.add_jobs(2)
+        fleet.reconcile()
+        workers = fleet.workers()
+        assert len(workers) == 2
+        names = {broker_users.user_name(w.id) for w in workers}
+        assert names <= _users(admin)
+        for w in workers:
+            assert w.instance_id is not None
+            data = yaml.safe_load(emulator.user_data(w.instance_id)["cloud-init"].decode())
+            files = {f["path"]: f["content"] for f in data["write_files"]}
+            assert files[cloudinit.BROKER_CA_FILE] == broker.pki.ca.read_text()
+        fleet.ready_all()
+        fleet.reconcile(advance=5)  # dispatch: Celery messages over TLS
+        assert admin.llen(QUEUE) == 2
+        assert fleet.claim_all() == 2 and fleet.finish_all() == 2
+        fleet.reconcile(advance=61)  # idle: deleted
+        for _ in range(5):
+            fleet.reconcile()
+        assert emulator.inventory() == {"servers": 0, "ips": 0, "volumes": 0}
+        assert not names & _users(admin)
+        assert admin.acl_log() == [], "the control plane's user lacks a right the fleet used"
+    finally:
+        svc.celery.close()
+        svc.redis.close()
+        db.dispose()
+        emulator.stop()
