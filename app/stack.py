@@ -27,7 +27,7 @@ from typing import IO
 
 import requests
 
-from app.config import ConfigError, Settings, check_settings, load_settings
+from app.config import ConfigError, check_settings, load_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 VAR = ROOT / "var"
@@ -158,12 +158,12 @@ def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
         os.killpg(proc.pid, sig)
 
 
-def _broker_answers(settings: Settings) -> Callable[[], bool]:
+def _broker_answers(url: str, ca_certs: str | None) -> Callable[[], bool]:
     import redis
 
-    from app.broker import redis_client
+    from app.broker import url_client
 
-    client = redis_client(settings, socket_timeout=2, socket_connect_timeout=2)
+    client = url_client(url, ca_certs, socket_timeout=2, socket_connect_timeout=2)
 
     def answers() -> bool:
         try:
@@ -211,7 +211,7 @@ def running_stack(env: dict[str, str], echo: tuple[str, ...]) -> Iterator[Stack]
     url = f"http://{settings.api.host}:{settings.api.port}"
     stack = Stack(env, echo)
     stack.url = url
-    stack.probes["broker"] = _broker_answers(settings)
+    stack.probes["broker"] = _broker_answers(settings.redis_url, settings.redis_ca_certs)
     py = sys.executable
     try:
         from app.server import gunicorn_args
