@@ -7,13 +7,13 @@ import logging
 from celery import Celery
 from flask import Flask, Response
 
+from app.broker import redis_client
 from app.config import Settings, load_settings, scrape_token_problem
 from app.context import Services
 from app.db import Database
 from app.errors import register_error_handlers
 from app.inputs import check_request_text
 from app.json_provider import FiniteJSONProvider
-from app.redis_primary import redis_client
 from app.storage import LocalAudioStore
 
 log = logging.getLogger(__name__)

@@ -54,13 +54,18 @@ def redis_client(
     return client
 
 
-def broker_url(settings: Settings) -> str:
-    """Celery's broker URL: `redis_url`, or kombu's `sentinel://a;sentinel://b;...` list."""
+def broker_url(settings: Settings, credentials_from: str | None = None) -> str:
+    """Celery's broker URL: `redis_url`, or kombu's `sentinel://a;sentinel://b;...` list.
+
+    `credentials_from` is a URL whose user, password and database are used instead of
+    `redis_url`'s (a worker's own broker user, tasks/fleet/broker_users.py).
+    """
+    source = credentials_from or settings.redis_url
     if not settings.redis.sentinels:
-        return settings.redis_url
-    userinfo, at, _ = urlsplit(settings.redis_url).netloc.rpartition("@")
+        return source
+    userinfo, at, _ = urlsplit(source).netloc.rpartition("@")
     auth = userinfo + at  # as written (still percent-encoded), for kombu to decode
-    db = _database(settings.redis_url)
+    db = _database(source)
     return ";".join(f"sentinel://{auth}{entry}/{db}" for entry in settings.redis.sentinels)
 
 

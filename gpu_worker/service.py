@@ -159,6 +159,7 @@ def _serve(
         profile.queue,
         run_job,
         master_name=identity.broker_master_name,
+        broker_ca_certs=identity.broker_ca_certs,
     )
     worker = app.Worker(
         hostname=f"{identity.worker_id}@{identity.instance_id}",

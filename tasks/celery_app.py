@@ -10,8 +10,9 @@ from typing import Any
 
 from celery import Celery
 
+from app.broker import celery_broker_settings
 from app.config import Settings, load_settings
-from app.redis_primary import broker_transport_options, broker_url
+from app.redis_primary import broker_transport_options
 
 CONTROL_QUEUE = "control"
 TRANSCRIBE_TASK = "murmur.transcribe"
@@ -22,7 +23,8 @@ VISIBILITY_TIMEOUT_SECONDS = 4 * 3600
 
 def celery_config(settings: Settings) -> dict[str, Any]:
     return {
-        "broker_url": broker_url(settings),
+        # rediss://: the broker's certificate is always verified (gpu_worker/broker_tls.py).
+        **celery_broker_settings(settings),
         "broker_connection_retry_on_startup": True,
         # An API request that finds the broker down answers quickly instead of hanging.
         "broker_connection_timeout": 2.0,

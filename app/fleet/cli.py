@@ -14,11 +14,11 @@ from typing import Any
 
 import click
 
+from app.broker import redis_client
 from app.config import ConfigError, check_settings, load_settings
 from app.db import Database
 from app.fleet.service import fleet_overview
 from app.models import utcnow
-from app.redis_primary import redis_client
 
 
 def _age(seconds: float | None) -> str:
