@@ -20,8 +20,11 @@ MEASURED_JOBS = 50
 MAX_GROWTH = 0.05
 # From job to job RSS also alternates between two levels ~18 MiB apart (a buffer the
 # allocator maps for a job and returns after it), so one sample against another compares
-# arbitrary levels (-3.5 % to +7.6 % seen). A leak lifts both levels: compare the lowest
-# and the highest of the last jobs with those of the last warm-up jobs.
+# arbitrary levels (-3.5 % to +7.6 % seen). A leak lifts both levels, so the highest of the
+# last jobs is compared with the highest of the last warm-up jobs. The lowest is only printed:
+# on a loaded machine the allocator can settle late, the lower level joining the upper one
+# within the warm-up's range (217-252 MiB, then 252 flat: +16 % on the lowest, +0.2 % on the
+# highest), which is not growth.
 WINDOW = 10
 
 # Runs in a fresh interpreter, like a worker process: pytest's own allocations (captured
@@ -68,5 +71,4 @@ def test_rss_growth_over_50_transcriptions_is_at_most_5_percent():
         f"{min(before) / 2**20:.0f}-{max(before) / 2**20:.0f} MiB; {MEASURED_JOBS} jobs "
         f"later: lowest {floor:+.2%}, highest {ceiling:+.2%}"
     )
-    assert floor <= MAX_GROWTH
     assert ceiling <= MAX_GROWTH
