@@ -33,6 +33,7 @@ from sqlalchemy import or_, update
 from app.config import Profile, Settings
 from app.db import Database, rows_changed
 from app.fleet import readiness
+from app.fleet.catalog import billed_seconds
 from app.fleet.planner import Action, Delete, FleetPlan, FleetState, Provision
 from app.models import LIVE_WORKER_STATES, Job, JobStatus, Worker, WorkerState, new_id, utcnow
 from app.storage import LocalAudioStore
@@ -87,7 +88,8 @@ class SmokeResult:
 
 
 def worst_case_eur(profiles: list[Profile], seconds: float) -> float:
-    return sum(p.hourly_cost_eur for p in profiles) * seconds / 3600
+    """Every worker running for `seconds`, billed in its server type's increments."""
+    return sum(p.hourly_cost_eur * billed_seconds(p.server_type, seconds) for p in profiles) / 3600
 
 
 def run_smoke(
@@ -366,7 +368,12 @@ def _read_back(svc: FleetServices, result: SmokeResult) -> None:
         moment = as_utc(stamps[name])
         result.timings[name] = None if moment is None else (moment - start).total_seconds()
     end = as_utc(stamps["deleted"]) or utcnow()
-    result.cost_eur = profile.hourly_cost_eur * max((end - start).total_seconds(), 0.0) / 3600
+    if stamps["created"] is not None:  # no server, no bill
+        # From the request (an upper bound: billing starts at power-on), in whole increments.
+        seconds = max((end - start).total_seconds(), 1e-9)
+        result.cost_eur = (
+            profile.hourly_cost_eur * billed_seconds(profile.server_type, seconds) / 3600
+        )
     if runtime is not None:
         result.problems += readiness.runtime_mismatches(profile, runtime)
     elif result.transcript is not None:

@@ -16,8 +16,8 @@ import pytest
 from app.config import Profile
 from app.models import Job, JobStatus, Worker, WorkerState, new_id
 from tasks.fleet.services import FleetServices
-from tasks.fleet.smoke import SmokeInterrupted, render, run_smoke
-from tests.fleet.conftest import L4, MakeFleet
+from tasks.fleet.smoke import SmokeInterrupted, SmokeRefused, render, run_smoke, worst_case_eur
+from tests.fleet.conftest import L4, P100, MakeFleet
 from tests.fleet.emulator import InstanceEmulator
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,6 +52,7 @@ def test_ctrl_c_while_the_server_is_created_deletes_it(
     assert _left(emulator) == []
     (result,) = caught.value.results
     assert result.worker_id is not None and result.left == [], render([result])
+    assert result.cost_eur == pytest.approx(0.75 / 60)  # L4 is billed per started minute
     with svc.db.reader() as s:
         row = s.get(Worker, result.worker_id)
         assert row is not None and row.state == WorkerState.DELETED.value
@@ -134,3 +135,22 @@ def test_a_smoke_worker_running_a_users_job_is_not_deleted(
         assert row is not None and row.state == WorkerState.READY.value
         job = s.get(Job, users_job)
         assert job is not None and job.status == JobStatus.RUNNING.value
+
+
+def test_the_euro_bound_counts_whole_billing_increments() -> None:
+    p100, l4 = Profile.model_validate(P100), Profile.model_validate(L4)
+    assert worst_case_eur([p100], 301) == pytest.approx(1.2426)  # RENDER-S: per started hour
+    assert worst_case_eur([l4], 301) == pytest.approx(0.75 * 360 / 3600)  # L4: per minute
+    assert worst_case_eur([p100, l4], 3601) == pytest.approx(2 * 1.2426 + 0.75 * 3660 / 3600)
+
+
+@pytest.mark.parametrize("fleet_db", ["sqlite"], indirect=True)
+def test_a_run_that_would_start_a_billed_hour_beyond_the_cap_is_refused(
+    make_fleet: MakeFleet, emulator: InstanceEmulator, tmp_path: Path
+) -> None:
+    svc = _smoke_services(make_fleet, tmp_path)
+    p100 = Profile.model_validate(P100)
+    # 10 minutes cost 0.21 EUR by the second, but RENDER-S bills the whole started hour.
+    with pytest.raises(SmokeRefused, match="1.24 EUR"):
+        run_smoke(svc, [p100], SAMPLE, timeout=300, teardown_timeout=300, max_eur=0.5)
+    assert _left(emulator) == []
