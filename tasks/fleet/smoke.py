@@ -285,9 +285,9 @@ def _claim_teardown(svc: FleetServices, worker_id: str, own_job: str | None) -> 
             ),
         )
         row = s.get(Worker, worker_id)
-        if row is None or row.state != WorkerState.DELETING.value:
-            return row.current_job_id if row is not None else None
-    return None
+        if row is not None and row.state in LIVE_WORKER_STATES:  # still live: it holds a job
+            return row.current_job_id
+    return None  # deleting now (or failed, or gone): the teardown goes on
 
 
 def _sweep(svc: FleetServices, results: list[SmokeResult], deadline: float, poll: float) -> None:

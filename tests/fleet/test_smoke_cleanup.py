@@ -7,6 +7,7 @@ and a smoke worker that a concurrent reconcile gave a user's job.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -154,3 +155,59 @@ def test_a_run_that_would_start_a_billed_hour_beyond_the_cap_is_refused(
     with pytest.raises(SmokeRefused, match="1.24 EUR"):
         run_smoke(svc, [p100], SAMPLE, timeout=300, teardown_timeout=300, max_eur=0.5)
     assert _left(emulator) == []
+
+
+@pytest.mark.parametrize("fleet_db", ["sqlite"], indirect=True)
+def test_a_smoke_worker_is_deleted_once_the_users_job_it_took_is_done(
+    make_fleet: MakeFleet, emulator: InstanceEmulator, tmp_path: Path
+) -> None:
+    svc = _smoke_services(make_fleet, tmp_path)
+    users_job = new_id("job")
+    seen_at_finish: list[str] = []
+
+    def finish_the_job() -> None:
+        with svc.db.session() as s:
+            (worker,) = s.query(Worker).all()
+            seen_at_finish.append(worker.state)  # still working, not being deleted
+            job = s.get(Job, users_job)
+            assert job is not None
+            job.status = JobStatus.SUCCEEDED.value
+            worker.current_job_id = None
+
+    def echo(line: str) -> None:
+        if not line.startswith("deleting"):
+            return
+        with svc.db.session() as s:
+            (worker,) = s.query(Worker).all()
+            s.add(
+                Job(
+                    id=users_job,
+                    owner="someone",
+                    source="upload",
+                    status=JobStatus.RUNNING.value,
+                    profile=worker.profile,
+                    worker_id=worker.id,
+                    attempts=1,
+                )
+            )
+            worker.state = WorkerState.READY.value
+            worker.current_job_id = users_job
+        threading.Timer(0.5, finish_the_job).start()
+
+    (result,) = run_smoke(
+        svc,
+        [svc.settings.profiles[0]],
+        SAMPLE,
+        timeout=0.2,
+        max_eur=100.0,
+        teardown_timeout=20.0,
+        poll=0.05,
+        echo=echo,
+    )
+    report = render([result])
+    assert seen_at_finish == [WorkerState.READY.value], report
+    assert _left(emulator) == [] and result.left == [], report
+    assert not any("worker kept" in p for p in result.problems), report
+    with svc.db.reader() as s:
+        row = s.get(Worker, result.worker_id)
+        assert row is not None and row.state == WorkerState.DELETED.value
