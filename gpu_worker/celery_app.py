@@ -17,6 +17,7 @@ from typing import Any
 from celery import Celery, Task
 from celery.exceptions import Reject
 
+from gpu_worker.broker import unacked_keys
 from gpu_worker.broker_tls import celery_broker
 from gpu_worker.client import ControlPlaneError, ControlPlaneUnavailable
 from gpu_worker.jobs import DrainDeadlineExceeded, Outcome
@@ -48,7 +49,12 @@ def celery_config(
         # system's CAs), whatever the URL's query says (gpu_worker/broker_tls.py).
         **celery_broker(broker_url, broker_ca_certs),
         "broker_connection_retry_on_startup": True,
-        "broker_transport_options": {"visibility_timeout": VISIBILITY_TIMEOUT_SECONDS, **sentinel},
+        # In-flight messages under this queue's own keys (gpu_worker/broker.py).
+        "broker_transport_options": {
+            "visibility_timeout": VISIBILITY_TIMEOUT_SECONDS,
+            **sentinel,
+            **unacked_keys(queue),
+        },
         "visibility_timeout": VISIBILITY_TIMEOUT_SECONDS,
         "result_backend": None,
         "task_ignore_result": True,
@@ -60,6 +66,9 @@ def celery_config(
         "worker_send_task_events": True,
         "task_send_sent_event": True,
         "worker_cancel_long_running_tasks_on_connection_loss": True,
+        # No remote control (`celery inspect`/`control`, Flower's worker actions): on a broker
+        # shared with other workers it would take orders (shutdown, revoke) from any of them.
+        "worker_enable_remote_control": False,
         # Declared by name: Celery creates the queue (a Redis list) on first use.
         "task_queues": {queue: {}},
         "task_default_queue": queue,

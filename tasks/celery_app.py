@@ -40,6 +40,10 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "worker_send_task_events": True,
         "task_send_sent_event": True,
         "worker_cancel_long_running_tasks_on_connection_loss": True,
+        # The control worker takes no remote control (shutdown, revoke, pool changes): GPU
+        # workers share its broker. Flower and `celery inspect` get no answer from it; its
+        # events still show it (docs/deploy-workers.md, "The broker").
+        "worker_enable_remote_control": False,
         "task_default_queue": CONTROL_QUEUE,
         "task_routes": {"murmur.control.*": {"queue": CONTROL_QUEUE}},
         "beat_schedule": {

@@ -19,6 +19,7 @@ from celery import Celery
 from sqlalchemy import select
 
 from app.models import Job
+from gpu_worker.broker import unacked_keys
 from tasks.celery_app import TRANSCRIBE_TASK
 from tests.conftest import (
     API_TOKEN,
@@ -174,7 +175,10 @@ def test_task_delivered_twice_stores_one_transcript(live_api: LiveApi, start_wor
 
     broker = redis.Redis.from_url(live_api.settings.redis_url)
     wait_for(
-        lambda: broker.llen("transcribe.local-cpu") == 0 and broker.hlen("unacked") == 0,
+        lambda: (
+            broker.llen("transcribe.local-cpu") == 0
+            and broker.hlen(unacked_keys("transcribe.local-cpu")["unacked_key"]) == 0
+        ),
         60,
         "both redeliveries to be consumed and acknowledged",
     )

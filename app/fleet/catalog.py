@@ -7,6 +7,7 @@ published compute capabilities; prices are read from configuration, not from her
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -18,13 +19,16 @@ class ServerType:
     cuda_capability: tuple[int, int] | None
     # Zones that offer the type (Scaleway's availability page, Dec 2025); empty = not checked.
     zones: frozenset[str] = frozenset()
+    # The billing increment: Scaleway bills GPU Instances per minute while powered on,
+    # RENDER-S per started hour (its instances FAQ, Oct 2025).
+    billing_seconds: int = 60
 
 
 _PAR2_WAW2 = frozenset({"fr-par-2", "pl-waw-2"})
 
 
 _TYPES = [
-    ServerType("RENDER-S", "P100", 1, (6, 0), frozenset({"fr-par-1"})),
+    ServerType("RENDER-S", "P100", 1, (6, 0), frozenset({"fr-par-1"}), billing_seconds=3600),
     ServerType("L4-1-24G", "L4", 1, (8, 9), _PAR2_WAW2),
     ServerType("L4-2-24G", "L4", 2, (8, 9), _PAR2_WAW2),
     ServerType("L4-4-24G", "L4", 4, (8, 9), _PAR2_WAW2),
@@ -39,10 +43,21 @@ _TYPES = [
     ServerType("H100-SXM-4-80G", "H100-SXM", 4, (9, 0), frozenset({"fr-par-2"})),
     ServerType("H100-SXM-8-80G", "H100-SXM", 8, (9, 0), frozenset({"fr-par-2"})),
     # The local provider's "instance" is a subprocess on this machine's CPU.
-    ServerType("local-cpu", None, 0, None),
+    ServerType("local-cpu", None, 0, None, billing_seconds=1),
 ]
 
 SERVER_TYPES: dict[str, ServerType] = {t.name: t for t in _TYPES}
+
+
+def billed_seconds(server_type: str, seconds: float) -> float:
+    """What `seconds` of a server cost in billed time: every started increment counts in full
+    (an unknown type is counted by the hour, the largest increment, to err on the safe side)."""
+    if seconds <= 0:
+        return 0.0
+    known = SERVER_TYPES.get(server_type)
+    step = known.billing_seconds if known is not None else 3600
+    return float(math.ceil(seconds / step) * step)
+
 
 # Which compute types a device can run efficiently (CTranslate2's own rules, src/types.cc):
 # float16 needs capability >= 7.0; int8 needs >= 7.0 or exactly 6.1; bfloat16 needs >= 8.0.

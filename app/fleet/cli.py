@@ -159,8 +159,12 @@ def smoke_command(
     except smoke.SmokeRefused as exc:
         click.echo(f"refused: {exc}", err=True)
         sys.exit(2)
-    except KeyboardInterrupt:
-        click.echo("interrupted: everything the smoke test created was deleted", err=True)
+    except smoke.SmokeInterrupted as exc:
+        click.echo(smoke.render(exc.results))
+        if any(r.left for r in exc.results):
+            click.echo("interrupted: the provider still lists what is marked LEFT BEHIND", err=True)
+        else:
+            click.echo("interrupted: everything the smoke test created was deleted", err=True)
         sys.exit(130)
     finally:
         svc.db.dispose()

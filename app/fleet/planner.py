@@ -188,6 +188,9 @@ class Dispatch:
 class Provision:
     profile: str
     hourly_cost_eur: float
+    # Chosen by a caller that must find the worker again whatever interrupts it (murmur smoke);
+    # None: the apply step picks one.
+    worker_id: str | None = None
 
 
 @dataclass(frozen=True)

@@ -304,7 +304,7 @@ def _provision(svc: FleetServices, action: Provision) -> str | ProviderError:
     """Create one worker; its id, or the error that stopped it."""
     settings = svc.settings
     profile = settings.profile(action.profile)
-    worker_id = new_id("wrk")
+    worker_id = action.worker_id or new_id("wrk")
     now = svc.clock()
     with svc.db.session() as s:
         s.add(

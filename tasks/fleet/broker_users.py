@@ -1,14 +1,17 @@
 """Each worker's own Redis ACL user: created before its server, deleted when it is retired.
 
-A worker's user may consume its profile's queue and touch only the few shared keys kombu's
-Redis transport needs for acks_late delivery (`unacked*`), remote control (`celery.pidbox`)
-and events (the `celeryev` channels) — never the control queue, another profile's queue, the
-control plane's own keys or other workers' snapshots (see docs/deploy-workers.md, "Broker
-TLS and users").
+A worker's user may consume its profile's queue, keep that queue's in-flight messages under
+the queue's own `unacked*` keys (gpu_worker/broker.py) and publish Celery events — never the
+control queue, another profile's queue or in-flight messages, remote control (`celery.pidbox`:
+workers and the control worker run without it), the control plane's own keys or other
+workers' snapshots (see docs/deploy-workers.md, "Broker TLS and users").
 Its password is random, is never stored by the control plane, and travels only in that
-worker's user data. Invariant: a user named `USER_PREFIX + <worker id>` exists only while its
-worker row is not deleted; `sweep` (every reconcile) removes any other user with the prefix.
-The control plane's own Redis user must be allowed `ACL SETUSER | DELUSER | USERS`.
+worker's user data. ACL users are server-wide, so names carry the broker's database number
+(`murmur-worker-db<N>-<worker id>`): deployments on other databases of the same Redis server
+never touch each other's users. Invariant: a user named `user_name(<worker id>, db)` exists
+only while its worker row is not deleted; `sweep` (every reconcile) removes any other user
+with this database's prefix. The control plane's own Redis user must be allowed
+`ACL SETUSER | DELUSER | USERS`.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from sqlalchemy import select
 
 from app.config import Profile, Settings
 from app.models import Worker
+from gpu_worker.broker import unacked_keys
 from tasks.fleet.services import FleetServices
 from tasks.providers.base import ProviderError
 
@@ -43,7 +47,7 @@ WORKER_COMMANDS = (
     "select",
     "info",
     "client|setname",
-    # consuming a queue, acks_late bookkeeping and restoring unacked messages
+    # consuming a queue, acks_late bookkeeping and restoring the queue's unacked messages
     "brpop",
     "lpush",
     "rpush",
@@ -74,12 +78,8 @@ WORKER_COMMANDS = (
     "sadd",
     "smembers",
     "srem",
-    # events and remote control
+    # events
     "publish",
-    "subscribe",
-    "psubscribe",
-    "unsubscribe",
-    "punsubscribe",
 )
 
 
@@ -94,38 +94,23 @@ def enabled(settings: Settings, profile: Profile) -> bool:
     return profile.provider != "local" if configured is None else configured
 
 
-def worker_acl_rules(queue: str, db: int, worker_id: str) -> list[str]:
-    """The ACL SETUSER rules (after on/password) of a worker consuming `queue` on `db`.
-
-    The worker's Celery hostname is `<worker id>@<instance id>` (gpu_worker/service.py), which
-    names its own remote-control queue `<hostname>.celery.pidbox`.
-    """
+def worker_acl_rules(queue: str, db: int) -> list[str]:
+    """The ACL SETUSER rules (after on/password) of a worker consuming `queue` on `db`."""
     keys = [
         queue,
         f"{queue}{_PRIORITY_SEPARATOR}*",
         f"_kombu.binding.{queue}",
         f"_kombu.binding_permanent.{queue}",
-        # Shared by every consumer of this broker: in-flight messages (task name and job id,
-        # nothing secret) wait here until acknowledged.
-        "unacked",
-        "unacked_index",
-        "unacked_mutex",
-        # Remote control (`celery inspect`, Flower): the broadcast binding and the replies.
-        "_kombu.binding.celery.pidbox",
-        "_kombu.binding.reply.celery.pidbox",
-        "_kombu.binding_permanent.celery.pidbox",
-        "_kombu.binding_permanent.reply.celery.pidbox",
-        "*.reply.celery.pidbox",
-        # kombu >= 5.7 keeps deadlines of expiring bindings (pidbox, events) and sweeps
-        # overdue tables of those fanout exchanges.
+        # This queue's in-flight messages (task name and job id, nothing secret) wait here
+        # until acknowledged; only its own consumers read or restore them.
+        *unacked_keys(queue).values(),
+        # kombu >= 5.7 keeps deadlines of expiring bindings and sweeps overdue tables of the
+        # events fanout exchange.
         "_kombu.binding_deadlines",
         "_kombu.binding.celeryev",
         "_kombu.binding_permanent.celeryev",
-        f"{worker_id}@*.celery.pidbox",
-        f"{worker_id}@*.celery.pidbox{_PRIORITY_SEPARATOR}*",
     ]
-    # PSUBSCRIBE is allowed only for a pattern written exactly as in the rules.
-    channels = [f"/{db}.celeryev/*", f"/{db}.celery.pidbox", f"/{db}.celery.pidbox/*"]
+    channels = [f"/{db}.celeryev/*"]  # events only: publishing on celery.pidbox is refused
     return [
         "resetkeys",
         "resetchannels",
@@ -157,8 +142,13 @@ class BrokerUser:
         return f"BrokerUser(name={self.name!r})"
 
 
-def user_name(worker_id: str) -> str:
-    return f"{USER_PREFIX}{worker_id}"
+def user_prefix(db: int) -> str:
+    """The names of this database's worker users start with it (ACL users are server-wide)."""
+    return f"{USER_PREFIX}db{db}-"
+
+
+def user_name(worker_id: str, db: int) -> str:
+    return f"{user_prefix(db)}{worker_id}"
 
 
 def broker_db(url: str) -> int:
@@ -173,7 +163,8 @@ def _acl(client: redis.Redis, *args: str) -> Any:
 
 def create_user(client: redis.Redis, base_url: str, queue: str, worker_id: str) -> BrokerUser:
     """Create (or reset) the worker's user with a fresh random password."""
-    user = BrokerUser(user_name(worker_id), secrets.token_hex(32))
+    db = broker_db(base_url)
+    user = BrokerUser(user_name(worker_id, db), secrets.token_hex(32))
     # `reset` first: a user left by an earlier attempt keeps no old password or rule.
     _acl(
         client,
@@ -182,24 +173,35 @@ def create_user(client: redis.Redis, base_url: str, queue: str, worker_id: str) 
         "reset",
         "on",
         f">{user.password}",
-        *worker_acl_rules(queue, broker_db(base_url), worker_id),
+        *worker_acl_rules(queue, db),
     )
     return user
 
 
-def delete_user(client: redis.Redis, worker_id: str) -> None:
+def delete_user(client: redis.Redis, base_url: str, worker_id: str) -> None:
     """Remove the worker's user; Redis also closes every connection it authenticated."""
-    _acl(client, "DELUSER", user_name(worker_id))
+    _acl(client, "DELUSER", user_name(worker_id, broker_db(base_url)))
 
 
-def sweep(client: redis.Redis, keep: Iterable[str]) -> list[str]:
-    """Delete every worker user whose worker id is not in `keep`; the ids deleted."""
-    wanted = set(keep)
+def list_users(client: redis.Redis, base_url: str) -> list[str]:
+    """The worker ids that have a user on this broker database."""
+    prefix = user_prefix(broker_db(base_url))
     names = [n.decode() if isinstance(n, bytes) else str(n) for n in _acl(client, "USERS")]
-    stale = [n[len(USER_PREFIX) :] for n in names if n.startswith(USER_PREFIX)]
-    stale = [worker_id for worker_id in stale if worker_id not in wanted]
+    return [n[len(prefix) :] for n in names if n.startswith(prefix)]
+
+
+def sweep(
+    client: redis.Redis, base_url: str, users: Iterable[str], keep: Iterable[str]
+) -> list[str]:
+    """Delete the users of `users` (worker ids) not in `keep`; the ids deleted.
+
+    `users` must be read before `keep`: a worker provisioned in between has a row in `keep`
+    or a user missing from `users`, never a listed user without its row (deleted as stale)."""
+    wanted = set(keep)
+    stale = [worker_id for worker_id in users if worker_id not in wanted]
     if stale:
-        _acl(client, "DELUSER", *(user_name(w) for w in stale))
+        db = broker_db(base_url)
+        _acl(client, "DELUSER", *(user_name(w, db) for w in stale))
         log.info("fleet: removed %d broker user(s) of retired workers", len(stale))
     return stale
 
@@ -235,7 +237,7 @@ def retire_user(svc: FleetServices, worker_id: str) -> None:
     if not in_use(svc.settings):
         return
     try:
-        delete_user(svc.redis, worker_id)
+        delete_user(svc.redis, _base_url(svc.settings), worker_id)
     except redis.RedisError as exc:  # the sweep of the next reconcile tries again
         log.warning(
             "fleet: cannot delete worker %s's broker user: %s", worker_id, type(exc).__name__
@@ -246,10 +248,12 @@ def sweep_users(svc: FleetServices) -> list[str]:
     """Remove the users of workers that are deleted or unknown (crash, lost teardown)."""
     if not in_use(svc.settings):
         return []
-    with svc.db.session() as s:
-        keep = list(s.scalars(select(Worker.id).where(Worker.deleted_at.is_(None))))
+    base_url = _base_url(svc.settings)
     try:
-        return sweep(svc.redis, keep)
+        users = list_users(svc.redis, base_url)  # first: see `sweep`
+        with svc.db.session() as s:
+            keep = list(s.scalars(select(Worker.id).where(Worker.deleted_at.is_(None))))
+        return sweep(svc.redis, base_url, users, keep)
     except redis.RedisError as exc:
         log.warning("fleet: cannot sweep broker users: %s", type(exc).__name__)
         return []

@@ -4,8 +4,13 @@ Bounded in euros (it refuses to start when every worker running for the whole ti
 would cost more than the cap) and in time (every wait has a deadline). Whatever ends the run
 — success, an error, the deadline, Ctrl-C or SIGTERM — every worker it created is deleted
 through the fleet's own teardown, the provider is read back to confirm nothing of it is left,
-and its unfinished jobs are cancelled. Needs the API running (workers report ready and fetch
-the audio through it); a running reconcile may run beside it.
+and its unfinished jobs are cancelled. Each worker's id is chosen before its provisioning
+starts, so an interrupted or timed-out create is still found: the provider is swept by that
+id's tag, for a while after a failed create (an abandoned request may still complete), and
+whatever it lists is deleted and reported. Needs the API running (workers report ready and
+fetch the audio through it); a running reconcile may run beside it, and may give a smoke
+worker a user's job: that worker is then left to the fleet (retired when idle), never killed
+mid-job, and the result says so.
 """
 
 from __future__ import annotations
@@ -22,14 +27,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import or_, update
 
 from app.broker import redis_client
 from app.config import Profile, Settings
-from app.db import Database
+from app.db import Database, rows_changed
 from app.fleet import readiness
+from app.fleet.catalog import billed_seconds
 from app.fleet.planner import Action, Delete, FleetPlan, FleetState, Provision
-from app.models import Job, JobStatus, Worker, WorkerState, new_id, utcnow
+from app.models import LIVE_WORKER_STATES, Job, JobStatus, Worker, WorkerState, new_id, utcnow
 from app.storage import LocalAudioStore
 from tasks.celery_app import make_celery
 from tasks.dispatch import send_dispatched
@@ -51,12 +57,22 @@ class SmokeRefused(Exception):
     """The run would not fit its bounds; nothing was created."""
 
 
+class SmokeInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM ended the run; the clean-up ran, and `results` say what it left."""
+
+    def __init__(self, results: list[SmokeResult]) -> None:
+        super().__init__()
+        self.results = results
+
+
 @dataclass
 class SmokeResult:
     """What happened to one profile's worker."""
 
     profile: Profile
     worker_id: str | None = None
+    # The provider confirmed the create; until then a late server may still appear.
+    provisioned: bool = False
     job_id: str | None = None
     problems: list[str] = field(default_factory=list)
     transcript: str | None = None
@@ -72,7 +88,8 @@ class SmokeResult:
 
 
 def worst_case_eur(profiles: list[Profile], seconds: float) -> float:
-    return sum(p.hourly_cost_eur for p in profiles) * seconds / 3600
+    """Every worker running for `seconds`, billed in its server type's increments."""
+    return sum(p.hourly_cost_eur * billed_seconds(p.server_type, seconds) for p in profiles) / 3600
 
 
 def run_smoke(
@@ -98,9 +115,16 @@ def run_smoke(
         for result in results:
             _start(svc, result, audio, echo)
         _wait(svc, results, time.monotonic() + timeout, poll)
-    finally:
+    except KeyboardInterrupt:
         with _cleanup_shielded(echo):
             _finish(svc, results, time.monotonic() + teardown_timeout, poll, echo)
+        raise SmokeInterrupted(results) from None
+    except BaseException:
+        with _cleanup_shielded(echo):
+            _finish(svc, results, time.monotonic() + teardown_timeout, poll, echo)
+        raise
+    with _cleanup_shielded(echo):
+        _finish(svc, results, time.monotonic() + teardown_timeout, poll, echo)
     return results
 
 
@@ -120,13 +144,15 @@ def _start(
 ) -> None:
     profile = result.profile
     echo(f"{profile.name}: provisioning one {profile.server_type} in {profile.zone}")
-    outcome = _apply(svc, (Provision(profile.name, profile.hourly_cost_eur),))
+    # Known before anything exists: an interruption from here on still finds the worker.
+    result.worker_id = new_id("wrk")
+    outcome = _apply(svc, (Provision(profile.name, profile.hourly_cost_eur, result.worker_id),))
     if not outcome.provisioned:
         result.problems.append(
             "; ".join(outcome.errors) or f"out of stock ({', '.join(outcome.stocked_out)})"
         )
         return
-    result.worker_id = outcome.provisioned[0]
+    result.provisioned = True
     # Known before the row exists, so an interruption from here on still cancels it.
     result.job_id = new_id("job")
     _submit(svc, profile, audio, result.job_id)
@@ -194,12 +220,25 @@ def _finish(
     for result in results:
         if result.job_id is not None and result.transcript is None:
             _cancel(svc, result.job_id)
-    waiting = {r.worker_id: r for r in results if r.worker_id is not None}
-    if waiting:
-        echo(f"deleting {len(waiting)} worker(s) and checking the provider")
+    mine = {r.worker_id: r for r in results if r.worker_id is not None}
+    if mine:
+        echo(f"deleting {len(mine)} worker(s) and checking the provider")
+    waiting = dict(mine)
+    busy: dict[str, str] = {}  # worker -> the user's job a reconcile gave it
     while waiting:
+        claimed = []
+        for worker_id, result in list(waiting.items()):
+            if _gone(svc, worker_id):
+                waiting.pop(worker_id)
+                continue
+            other = _claim_teardown(svc, worker_id, result.job_id)
+            if other is None:
+                busy.pop(worker_id, None)
+                claimed.append(worker_id)
+            else:
+                busy[worker_id] = other
         try:
-            deleted = _apply(svc, tuple(Delete(w, "smoke") for w in waiting)).deleted
+            deleted = _apply(svc, tuple(Delete(w, "smoke") for w in claimed)).deleted
         except Exception:  # one bad round must not leave the rest: the loop retries
             log.exception("smoke: teardown round failed")
             deleted = []
@@ -208,11 +247,88 @@ def _finish(
         if not waiting or time.monotonic() >= deadline:
             break
         time.sleep(poll)
+    kept = {w for w in busy if w in waiting}  # the fleet's now: never swept from under a job
+    _sweep(svc, [r for r in results if r.worker_id not in kept], deadline, poll)
     for result in results:
         if result.worker_id is not None:
             _read_back(svc, result)
-            if result.worker_id in waiting:
+            if result.worker_id in kept:
+                result.problems.append(
+                    f"worker kept: it runs job {busy[result.worker_id]} a reconcile gave it;"
+                    " the fleet deletes it when idle"
+                )
+            elif result.worker_id in waiting:
                 result.problems.append("teardown not confirmed within the time limit")
+
+
+def _gone(svc: FleetServices, worker_id: str) -> bool:
+    with svc.db.reader() as s:
+        row = s.get(Worker, worker_id)
+        return row is None or row.deleted_at is not None
+
+
+def _claim_teardown(svc: FleetServices, worker_id: str, own_job: str | None) -> str | None:
+    """Start deleting the worker unless it runs a job that is not the smoke's; that job's id.
+
+    One compare-and-set: a worker in `deleting` claims nothing more, so no user's job can land
+    on it between the check and the teardown."""
+    with svc.db.session() as s:
+        free = or_(Worker.current_job_id.is_(None), Worker.current_job_id == own_job)
+        rows_changed(
+            s,
+            update(Worker)
+            .where(Worker.id == worker_id, Worker.state.in_(LIVE_WORKER_STATES), free)
+            .values(
+                state=WorkerState.DELETING.value,
+                delete_reason="smoke",
+                delete_requested_at=utcnow(),
+            ),
+        )
+        row = s.get(Worker, worker_id)
+        if row is not None and row.state in LIVE_WORKER_STATES:  # still live: it holds a job
+            return row.current_job_id
+    return None  # deleting now (or failed, or gone): the teardown goes on
+
+
+def _sweep(svc: FleetServices, results: list[SmokeResult], deadline: float, poll: float) -> None:
+    """Delete whatever the provider lists under this run's worker tags and its rows do not
+    account for: a create abandoned by a timeout or an interruption may still complete on the
+    provider's side, so after one the sweep goes on for twice the provider timeout."""
+    ours = [r for r in results if r.worker_id is not None]
+    known: dict[str, str | None] = {}
+    with svc.db.reader() as s:
+        for r in ours:
+            row = s.get(Worker, r.worker_id)
+            known[str(r.worker_id)] = row.instance_id if row is not None else None
+    settle = 0.0
+    if any(not r.provisioned for r in ours):
+        settle = time.monotonic() + 2 * svc.settings.fleet.provider_timeout_seconds
+    while ours:
+        found = False
+        for result in ours:
+            provider = svc.providers[result.profile.provider]
+            try:
+                listed = provider.list_by_tag(frozenset({result.profile.zone}))
+            except ProviderError as exc:
+                log.warning("smoke: cannot list %s: %s", result.profile.zone, exc.reason)
+                found = True
+                continue
+            for instance in listed:
+                if instance.worker_id != result.worker_id:
+                    continue
+                found = True
+                note = f"deleted instance {instance.instance_id}, created after provisioning failed"
+                late = instance.instance_id != known[str(result.worker_id)]
+                if late and note not in result.problems:
+                    result.problems.append(note)
+                try:
+                    provider.delete(instance.instance_id, instance.resources)
+                except ProviderError as exc:
+                    log.warning("smoke: deleting %s: %s", instance.instance_id, exc.reason)
+        now = time.monotonic()
+        if now >= deadline or (not found and now >= settle):
+            break
+        time.sleep(poll)
 
 
 def _cancel(svc: FleetServices, job_id: str) -> None:
@@ -252,7 +368,12 @@ def _read_back(svc: FleetServices, result: SmokeResult) -> None:
         moment = as_utc(stamps[name])
         result.timings[name] = None if moment is None else (moment - start).total_seconds()
     end = as_utc(stamps["deleted"]) or utcnow()
-    result.cost_eur = profile.hourly_cost_eur * max((end - start).total_seconds(), 0.0) / 3600
+    if stamps["created"] is not None:  # no server, no bill
+        # From the request (an upper bound: billing starts at power-on), in whole increments.
+        seconds = max((end - start).total_seconds(), 1e-9)
+        result.cost_eur = (
+            profile.hourly_cost_eur * billed_seconds(profile.server_type, seconds) / 3600
+        )
     if runtime is not None:
         result.problems += readiness.runtime_mismatches(profile, runtime)
     elif result.transcript is not None:

@@ -356,7 +356,12 @@ class ScalewayProvider:
                     server_id=server.id, action=ServerAction.POWERON, zone=zone
                 ),
             )
-        except Exception as exc:
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                # Ctrl-C or SIGTERM mid-create: the server is deleted before the interruption
+                # goes on, or nothing would ever know about it.
+                self._abandon(server.id, resources, classify(exc, "create", self._secrets))
+                raise
             if isinstance(exc, ValueError) and not isinstance(exc, ProviderError):
                 error: ProviderError = InvalidArgument(f"create: {exc}")  # e.g. user data too big
             else:
