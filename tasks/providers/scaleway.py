@@ -177,7 +177,9 @@ def classify(exc: BaseException, what: str, secrets: Collection[str] = ()) -> Pr
         return _Busy(said)
     if kind in ("permissions_denied", "denied_authentication") or status in (401, 403):
         return PermissionDenied(said)
-    if status >= 500:
+    if status >= 500 or status == 429 or kind == "too_many_requests":
+        # A rate limit is the API's, not the request's, fault: retried later on the same
+        # profile, as the non-JSON 429 above is.
         return ProviderUnavailable(said)
     return InvalidArgument(said)
 

@@ -71,6 +71,7 @@ class Fault:
     op: str  # create | poweron | terminate | poweroff | delete_server | get_server | list_servers
     #          user_data | availability | get_volume | delete_volume | delete_ip | list_ips | any
     kind: str  # out_of_stock | quota | permission | server_error | bad_gateway | empty_5xx
+    #            rate_limited (429 JSON) | rate_limited_html (a proxy's 429)
     #            invalid | image_not_found | slow | never_start | attach_flexible_ip
     #            stock_after_poweron (accepted, then back to stopped: "out of stock")
     #            local_volume (create: the server also gets an l_ssd volume)
@@ -112,6 +113,7 @@ _ERRORS: dict[str, tuple[int, dict[str, Any]]] = {
         },
     ),
     "server_error": (500, {"type": "internal_error", "message": "internal error"}),
+    "rate_limited": (429, {"type": "too_many_requests", "message": "too many requests"}),
     "invalid": (
         400,
         {
@@ -345,6 +347,10 @@ class InstanceEmulator:
                 )
             elif f.kind == "empty_5xx":
                 answer = answer or Response(b"", 503)
+            elif f.kind == "rate_limited_html":  # a proxy's 429, not the API's JSON one
+                answer = answer or Response(
+                    "<html>429 Too Many Requests</html>", 429, content_type="text/html"
+                )
             elif f.kind in _ERRORS:
                 status, body = _ERRORS[f.kind]
                 answer = answer or self._json(body, status)
