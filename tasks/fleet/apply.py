@@ -127,50 +127,54 @@ def apply_plan(
     # the next other action, so before any of them is dispatched again.
     withdraw: dict[str, list[str]] = {}
     planned = {p.name: p.dispatched for p in plan.profiles}  # jobs left on each queue
-    for action in plan.actions:
-        keep_lock()
-        if withdraw and not isinstance(action, Requeue):
+    try:
+        for action in plan.actions:
+            keep_lock()
+            if withdraw and not isinstance(action, Requeue):
+                _withdraw(svc, withdraw)
+            if isinstance(action, MarkBooted):
+                _mark_booted(svc, action.worker_id)
+            elif isinstance(action, MarkDead):
+                stopped = _mark_dead(svc, action)
+                if stopped is not None and action.capacity:
+                    out.stocked_out.append(stopped)
+                    provisioning_stopped = True  # re-plan: the next profile gets this demand
+                elif stopped is not None:
+                    held_now.add(stopped)  # held after failed boots: not in this round either
+            elif isinstance(action, Requeue):
+                if requeue_job(svc.db, action.job_id, action.from_profile):
+                    withdraw.setdefault(action.from_profile, []).append(action.job_id)
+                    out.requeued += 1
+                    log.info("fleet: re-route job %s: %s", action.job_id, action.reason)
+            elif isinstance(action, Dispatch):
+                if dispatch_job(svc.db, svc.celery, action.job_id, action.profile):
+                    out.dispatched[action.profile] += 1
+            elif isinstance(action, Provision):
+                if provisioning_stopped or action.profile in held_now:
+                    continue
+                result = _provision(svc, action)
+                if isinstance(result, OutOfStock):
+                    out.stocked_out.append(action.profile)
+                    provisioning_stopped = True  # re-plan: the next profile gets this demand
+                elif isinstance(result, ProviderError):
+                    out.errors.append(f"{action.profile}: {result.reason}")
+                    provisioning_stopped = True  # no fallback on errors other than stock
+                else:
+                    out.provisioned.append(result)
+            elif isinstance(action, Delete):
+                if _teardown(svc, action.worker_id, action.reason, planned):
+                    out.deleted.append(action.worker_id)
+            elif isinstance(action, DeleteOrphan):
+                worker_id = _adopt_orphan(
+                    svc, action, snapshot.instances.get((action.provider, action.instance_id))
+                )
+                if _teardown(svc, worker_id, "orphan"):
+                    out.deleted.append(worker_id)
+    finally:
+        # Also when the lease is lost (or anything else stops the run) right after a
+        # re-route: the job is queued again, so its old message must not stay behind.
+        if withdraw:
             _withdraw(svc, withdraw)
-        if isinstance(action, MarkBooted):
-            _mark_booted(svc, action.worker_id)
-        elif isinstance(action, MarkDead):
-            stopped = _mark_dead(svc, action)
-            if stopped is not None and action.capacity:
-                out.stocked_out.append(stopped)
-                provisioning_stopped = True  # re-plan: the next profile gets this demand
-            elif stopped is not None:
-                held_now.add(stopped)  # held after failed boots: not in this round either
-        elif isinstance(action, Requeue):
-            if requeue_job(svc.db, action.job_id, action.from_profile):
-                withdraw.setdefault(action.from_profile, []).append(action.job_id)
-                out.requeued += 1
-                log.info("fleet: re-route job %s: %s", action.job_id, action.reason)
-        elif isinstance(action, Dispatch):
-            if dispatch_job(svc.db, svc.celery, action.job_id, action.profile):
-                out.dispatched[action.profile] += 1
-        elif isinstance(action, Provision):
-            if provisioning_stopped or action.profile in held_now:
-                continue
-            result = _provision(svc, action)
-            if isinstance(result, OutOfStock):
-                out.stocked_out.append(action.profile)
-                provisioning_stopped = True  # re-plan: the next profile gets this demand
-            elif isinstance(result, ProviderError):
-                out.errors.append(f"{action.profile}: {result.reason}")
-                provisioning_stopped = True  # no fallback on errors other than stock
-            else:
-                out.provisioned.append(result)
-        elif isinstance(action, Delete):
-            if _teardown(svc, action.worker_id, action.reason, planned):
-                out.deleted.append(action.worker_id)
-        elif isinstance(action, DeleteOrphan):
-            worker_id = _adopt_orphan(
-                svc, action, snapshot.instances.get((action.provider, action.instance_id))
-            )
-            if _teardown(svc, worker_id, "orphan"):
-                out.deleted.append(worker_id)
-    if withdraw:
-        _withdraw(svc, withdraw)
     for profile, n in sorted(out.dispatched.items()):
         log.info("fleet: dispatched %d job(s) to %s", n, profile)
     return out
