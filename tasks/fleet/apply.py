@@ -119,8 +119,15 @@ def apply_plan(
     snapshot: Snapshot,
     plan: FleetPlan,
     keep_lock: Callable[[], None] = lambda: None,
+    torn_down: set[str] | None = None,
 ) -> Outcome:
+    """Apply `plan`'s actions in order.
+
+    `torn_down`: workers whose teardown the run already advanced (filled in here); a re-plan
+    in the same run skips them, as a server not gone yet is only confirmed a round later.
+    """
     out = Outcome()
+    torn_down = set() if torn_down is None else torn_down
     provisioning_stopped = False
     held_now: set[str] = set()
     # Re-routed jobs whose old message is still on their old profile's queue. Withdrawn before
@@ -162,12 +169,18 @@ def apply_plan(
                 else:
                     out.provisioned.append(result)
             elif isinstance(action, Delete):
+                if action.worker_id in torn_down:
+                    continue
+                torn_down.add(action.worker_id)
                 if _teardown(svc, action.worker_id, action.reason, planned):
                     out.deleted.append(action.worker_id)
             elif isinstance(action, DeleteOrphan):
                 worker_id = _adopt_orphan(
                     svc, action, snapshot.instances.get((action.provider, action.instance_id))
                 )
+                if worker_id in torn_down:
+                    continue
+                torn_down.add(worker_id)
                 if _teardown(svc, worker_id, "orphan"):
                     out.deleted.append(worker_id)
     finally:
