@@ -346,8 +346,9 @@ def plan_fleet(state: FleetState) -> FleetPlan:
     # a time, so a profile takes as many jobs as it has live, idle workers not already promised
     # a job; booting workers count, their jobs wait on the queue until they are ready.
     # New work prefers the first profile that can take it: past a profile that could still get
-    # a worker, a fallback's ready workers get no new job (an idle one is left to retire); only
-    # its workers still starting take the jobs they were created for, as they are paid anyway.
+    # a worker, or one held after an error other than stock (its jobs wait for it, as for the
+    # walk below), a fallback's ready workers get no new job (an idle one is left to retire);
+    # only its workers still starting take the jobs they were created for, as they are paid.
     waiting = state.queued + len(requeues)
     pool = list(dict.fromkeys([r.job_id for r in requeues] + list(state.dispatchable)))
     dispatches: list[Dispatch] = []
@@ -375,7 +376,11 @@ def plan_fleet(state: FleetState) -> FleetPlan:
         # Slots left free only because this round offered no more ids: they take jobs next
         # round, so nobody provisions a worker for those jobs.
         spare_slots += max(0, free - n)
-        preferred_open = preferred_open or _can_grow(p, t, current_eur, rules, now)
+        preferred_open = (
+            preferred_open
+            or _can_grow(p, t, current_eur, rules, now)
+            or _availability(p, now) == "held"
+        )
     waiting = max(0, waiting)
 
     # 4. Provision for what still waits: the first profile, in order, that can get a worker.
@@ -416,23 +421,33 @@ def plan_fleet(state: FleetState) -> FleetPlan:
 
     # Jobs already on a profile's queue (the API dispatches at once to a warm profile) beyond
     # its free workers need more workers of that same profile; they wait otherwise. A fallback
-    # grows only while every profile before it is unavailable: once the preferred one can get
-    # a worker again, the fallback's queue waits for the workers it has.
+    # grows only while every profile before it is unavailable for lack of capacity: once the
+    # preferred one can get a worker again, or while it is held after another error, the
+    # fallback's queue waits for the workers it has.
     preferred: str | None = None  # an earlier profile that could still get a worker
+    held: ProfileSnapshot | None = None  # an earlier profile held after a non-capacity error
     for p in state.profiles:
         t = tallies[p.name]
         free = sum(1 for w in t.workers if w.state in _SERVING and not w.busy)
         backlog = max(0, t.dispatched - free)
         if backlog and t.status == "ok":
-            if preferred is None:
+            if preferred is None and held is None:
                 add_workers(p, min(backlog, p.max_workers - t.live))
-            else:
+            elif preferred is not None:
                 held_back.append(
                     f"{p.name}: not grown for the {backlog} job(s) on its queue; "
                     f"{preferred} is preferred and available again"
                 )
+            elif held is not None:
+                held_back.append(_held_reason(held))
+                held_back.append(
+                    f"{p.name}: not grown for the {backlog} job(s) on its queue; "
+                    f"{held.name} is held after an error, not falling back"
+                )
         if preferred is None and p.enabled and _can_grow(p, t, planned_eur, rules, now):
             preferred = p.name
+        if held is None and preferred is None and t.status == "held":
+            held = p
 
     for p in state.profiles:
         if unmet == 0:
@@ -449,11 +464,7 @@ def plan_fleet(state: FleetState) -> FleetPlan:
             held_back.append(f"{p.name}: out of stock, backing off until {until}")
             continue
         if t.status == "held":
-            until = p.retry_at.isoformat() if p.retry_at else "?"
-            held_back.append(
-                f"{p.name}: last provisioning failed ({p.last_error or 'error'}); next attempt "
-                f"at {until}; not falling back to another profile"
-            )
+            held_back.append(_held_reason(p))
             break
         room = p.max_workers - t.live - t.new
         if room <= 0:
@@ -575,6 +586,15 @@ def _availability(p: ProfileSnapshot, now: datetime) -> str:
     if p.retry_at is not None and now < p.retry_at:
         return "held"
     return "ok"
+
+
+def _held_reason(p: ProfileSnapshot) -> str:
+    """Why a profile held after an error other than stock gets no worker, nor a fallback."""
+    until = p.retry_at.isoformat() if p.retry_at else "?"
+    return (
+        f"{p.name}: last provisioning failed ({p.last_error or 'error'}); next attempt "
+        f"at {until}; not falling back to another profile"
+    )
 
 
 def _can_grow(
