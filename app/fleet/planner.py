@@ -36,6 +36,9 @@ STOPPED_BEFORE_BOOT = "out of stock"
 NOT_NEEDED = "not needed"
 # The head of the death reason of a worker that never became ready (see MarkDead.failed_boot).
 BOOT_TIMEOUT = "boot timeout"
+# The head of the error of a worker refused at readiness (app.fleet.readiness.reject): it
+# booted an image that cannot serve its profile, also a failed boot.
+RUNTIME_REJECTED = "runtime rejected"
 _BUDGET_EPSILON = 1e-9
 
 
@@ -166,8 +169,9 @@ class MarkDead:
     # The provider stopped it before it ever booted: out of stock, as if create had said so
     # (back-off of its profile, fallback to the next).
     capacity: bool = False
-    # It never became ready within the boot timeout: a failed boot of its profile (counted;
-    # enough in a row hold the profile, see fleet.max_failed_boots).
+    # It never became ready within the boot timeout, or was refused at readiness: a failed
+    # boot of its profile (counted; enough in a row hold the profile, see
+    # fleet.max_failed_boots).
     failed_boot: bool = False
 
 
@@ -537,7 +541,7 @@ def plan_fleet(state: FleetState) -> FleetPlan:
             wid,
             reason,
             capacity=reason.startswith(STOPPED_BEFORE_BOOT),
-            failed_boot=reason.startswith(BOOT_TIMEOUT),
+            failed_boot=reason.startswith((BOOT_TIMEOUT, RUNTIME_REJECTED)),
         )
         for wid, reason in dead.items()
     ]
@@ -645,6 +649,9 @@ def _death(
 ) -> str | None:
     """Why a live worker must be declared dead (and its jobs re-routed), or None."""
     now, rules = state.now, state.rules
+    if w.state == WorkerState.FAILED.value and (w.error or "").startswith(RUNTIME_REJECTED):
+        # Refused at readiness and not counted yet (counting moves it to DELETING).
+        return w.error
     if w.state in _STARTING:
         age = _age(now, w.requested_at)
         if age is not None and age > rules.create_timeout:

@@ -224,18 +224,25 @@ def _mark_dead(svc: FleetServices, action: MarkDead) -> str | None:
     A capacity death backs its profile off; a failed boot may hold it (`_failed_boot`).
     """
     now = svc.clock()
+    # A worker refused at readiness is already FAILED (app.fleet.readiness.reject); moving it
+    # on from there counts its failed boot exactly once.
+    states = (*LIVE_WORKER_STATES, WorkerState.FAILED.value) if action.failed_boot else None
     with svc.db.session() as s:
         row = s.get(Worker, action.worker_id)
         profile_name = row.profile if row is not None else None
         moved = rows_changed(
             s,
             update(Worker)
-            .where(Worker.id == action.worker_id, Worker.state.in_(LIVE_WORKER_STATES))
+            .where(
+                Worker.id == action.worker_id,
+                Worker.state.in_(states or LIVE_WORKER_STATES),
+                Worker.deleted_at.is_(None),
+            )
             .values(
                 state=WorkerState.DELETING.value,
                 error=action.reason,
                 delete_reason=action.reason.split(":", 1)[0][:64],
-                delete_requested_at=now,
+                delete_requested_at=func.coalesce(Worker.delete_requested_at, now),
             ),
         )
     if moved:

@@ -19,7 +19,7 @@ from app.observability.exposition import encode_text
 from tasks.dispatch import dispatch_job
 from tasks.fleet.apply import apply_plan
 from tasks.fleet.snapshot import as_utc, read_snapshot
-from tests.fleet.conftest import L4, Fleet, MakeFleet
+from tests.fleet.conftest import L4, P100, Fleet, MakeFleet
 
 NOTHING = {"servers": 0, "ips": 0, "volumes": 0}
 
@@ -257,3 +257,36 @@ def test_a_booting_worker_that_got_a_job_since_the_plan_is_kept(make_fleet: Make
     apply_plan(fleet.svc, snapshot, plan)
     (w,) = fleet.workers()
     assert w.state == WorkerState.BOOTING.value
+
+
+def test_a_worker_rejected_at_readiness_is_a_failed_boot(make_fleet: MakeFleet) -> None:
+    """Review of issue 11, H3: an image that boots but cannot serve its profile (here a
+    CPU-only worker on a GPU profile) is counted, held, charged to the job, never looped."""
+    fleet = make_fleet(
+        [L4, P100],
+        fleet={"max_failed_boots": 2, "boot_timeout_seconds": 600, "backoff_seconds": 600},
+    )
+    assert fleet.emulator is not None
+    (job,) = fleet.add_jobs(1)
+    created: list[str] = []
+    for _ in range(6):  # bounded: more cycles than the hold needs
+        fleet.reconcile(advance=10)
+        for w in fleet.workers(WorkerState.BOOTING.value, WorkerState.CREATING.value):
+            if w.id not in created:
+                created.append(w.id)
+            assert fleet.report_ready(w.id, device="cpu")  # refused
+        fleet.reconcile(advance=10)
+        settle(fleet)
+
+    assert len(created) == 2  # held after the second (for 600 s), no fallback to the P100
+    assert {w.profile for w in fleet.workers()} == {"l4-par2"}
+    state = fleet.profile_state("l4-par2")
+    assert state is not None and state.consecutive_failed_boots == 2
+    assert state.retry_at is not None
+    assert "2 workers in a row never became ready" in (state.last_error or "")
+    assert "runtime rejected: device: worker runs on 'cpu'" in (state.last_error or "")
+    # The second boot was for the job (the first came and went before it was dispatched).
+    (j,) = fleet.jobs()
+    assert j.id == job and j.attempts == 1
+    assert all(w.state == WorkerState.DELETED.value for w in fleet.workers())
+    assert fleet.emulator.inventory() == NOTHING

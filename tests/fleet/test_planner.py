@@ -414,7 +414,7 @@ CASES = [
         expect={"delete w1 (idle)"},
     ),
     Case(
-        "worker rejected at readiness is deleted",
+        "worker rejected at readiness is dead (a failed boot) and deleted",
         [prof(A)],
         workers=[
             wkr(
@@ -424,7 +424,7 @@ CASES = [
                 delete_reason="runtime rejected",
             )
         ],
-        expect={"delete w1 (runtime rejected)"},
+        expect={"dead w1 (runtime rejected)", "delete w1 (runtime rejected)"},
     ),
     # -- dead workers -------------------------------------------------------------------------
     Case(

@@ -145,3 +145,22 @@ def test_a_boot_timeout_is_a_failed_boot() -> None:
     )
     (mark,) = [a for a in plan_fleet(build(case)).actions if isinstance(a, MarkDead)]
     assert mark.failed_boot and not mark.capacity
+
+
+def test_a_worker_rejected_at_readiness_is_a_failed_boot() -> None:
+    """Review of issue 11, H3: a runtime the profile refuses is a boot that failed."""
+    rejected = wkr(
+        "w1",
+        A,
+        state="failed",
+        ready_at=None,
+        idle_since=None,
+        error="runtime rejected: device: worker runs on 'cpu', profile a runs on a GPU (cuda)",
+        delete_reason="runtime rejected",
+    )
+    case = Case("runtime rejected", [prof(A)], workers=[rejected])
+    plan = plan_fleet(build(case))
+    (mark,) = [a for a in plan.actions if isinstance(a, MarkDead)]
+    assert mark.failed_boot and not mark.capacity
+    assert mark.reason.startswith("runtime rejected: device: worker runs on 'cpu'")
+    assert describe(plan) == {"dead w1 (runtime rejected)", "delete w1 (runtime rejected)"}
