@@ -120,6 +120,17 @@ LIVE_WORKER_STATES = (
 )
 
 
+# Key in `Worker.resources`: when a teardown confirmed the instance itself gone. From then on
+# the worker costs no GPU time, only the storage its volumes and IPs still hold (cents a day),
+# so the cost and budget count it at zero while its teardown goes on (tasks.fleet.apply).
+SERVER_GONE_AT = "server_gone_at"
+
+
+def server_gone(resources: dict[str, Any] | None) -> bool:
+    """Whether a worker's instance was confirmed gone (its GPU no longer billed)."""
+    return bool((resources or {}).get(SERVER_GONE_AT))
+
+
 class Worker(Base):
     __tablename__ = "workers"
 

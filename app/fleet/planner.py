@@ -101,6 +101,8 @@ class WorkerSnapshot:
     last_seen_at: datetime | None = None
     error: str | None = None
     delete_reason: str | None = None
+    # A teardown confirmed its instance gone; volumes or IPs may remain (storage, no GPU cost).
+    server_gone: bool = False
 
 
 @dataclass(frozen=True)
@@ -299,7 +301,9 @@ def plan_fleet(state: FleetState) -> FleetPlan:
     live_ids: set[str] = set()
     current_eur = 0.0
     for w in state.workers:
-        if w.state != WorkerState.FAILED.value or w.instance_id is not None:
+        if w.server_gone:
+            pass  # its GPU is gone; what is left is storage, negligible against the budget
+        elif w.state != WorkerState.FAILED.value or w.instance_id is not None:
             current_eur += w.hourly_cost_eur  # billed until the provider confirms deletion
         if w.state in _LIVE and w.id not in dead:
             live_ids.add(w.id)

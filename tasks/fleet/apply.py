@@ -37,12 +37,14 @@ from app.fleet.planner import (
 from app.jobs.service import announce_finished, fail_job, get_job
 from app.models import (
     LIVE_WORKER_STATES,
+    SERVER_GONE_AT,
     Job,
     JobStatus,
     ProfileState,
     Worker,
     WorkerState,
     new_id,
+    server_gone,
 )
 from app.observability import forget_worker, record_provision_attempt
 from tasks.dispatch import dispatch_job, requeue_job, withdraw_messages
@@ -587,6 +589,9 @@ def _teardown(
         if row is None:
             return False
         row.resources = {**resources, **dict(result.resources)}
+        if (result.server_gone or result.confirmed) and not server_gone(row.resources):
+            # From here on no GPU cost counts against the budget (app.models.SERVER_GONE_AT).
+            row.resources = {**row.resources, SERVER_GONE_AT: svc.clock().isoformat()}
         if result.confirmed:
             row.state = WorkerState.DELETED.value
             row.deleted_at = svc.clock()

@@ -441,12 +441,13 @@ class ScalewayProvider:
         local = list(dict.fromkeys(resources.get("local_volumes") or []))
         ips = list(dict.fromkeys(resources.get("ips") or []))
         deadline = time.monotonic() + self._teardown_wait
+        gone = False  # the server itself, confirmed by a read that no longer finds it
 
         def progress(confirmed: bool, detail: str = "") -> Teardown:
             left = {"zone": zone, "worker_id": worker_id, "volumes": volumes, "ips": ips}
             if local:
                 left["local_volumes"] = local
-            return Teardown(confirmed, left, detail)
+            return Teardown(confirmed, left, detail, server_gone=gone or confirmed)
 
         try:
             # 1-3: learn the server's Block volumes and flexible IPs, stop it, wait until gone.
@@ -464,6 +465,7 @@ class ScalewayProvider:
                     return progress(False, _still_there(instance_id, server))
                 time.sleep(self._poll)
                 server = self._get_server(instance_id, zone)
+            gone = True
             # 4: Block volumes are only detached by terminate; delete each once available.
             volumes = [v for v in volumes if not self._delete_volume(v, zone, deadline)]
             local = [v for v in local if not self._delete_local_volume(v, zone)]

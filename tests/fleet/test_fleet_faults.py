@@ -290,3 +290,35 @@ def test_a_worker_rejected_at_readiness_is_a_failed_boot(make_fleet: MakeFleet) 
     assert j.id == job and j.attempts == 1
     assert all(w.state == WorkerState.DELETED.value for w in fleet.workers())
     assert fleet.emulator.inventory() == NOTHING
+
+
+def test_a_gone_server_with_a_stuck_volume_costs_no_gpu(make_fleet: MakeFleet) -> None:
+    """Review of issue 11, M3: once the server is confirmed gone, its worker no longer counts
+    its GPU price against the budget while its volume's teardown is stuck (here a Block
+    policy without delete rights); the pending deletion stays visible."""
+    fleet = make_fleet([L4], budget=1.0)  # one L4 (0.75 EUR/h) fits, two do not
+    assert fleet.emulator is not None
+    fleet.add_jobs(1)
+    fleet.reconcile()
+    fleet.reconcile(advance=1)
+    assert fleet.ready_all() == 1 and fleet.claim_all() == 1 and fleet.finish_all() == 1
+    fleet.emulator.inject("get_volume", "permission")
+    for _ in range(5):  # bounded: idle timeout, then the teardown that cannot finish
+        fleet.reconcile(advance=70)
+    assert fleet.emulator.inventory()["servers"] == 0
+    (w,) = fleet.workers(WorkerState.DELETING.value)
+    assert (w.error or "").startswith("teardown: ")
+
+    fleet.add_jobs(1)
+    report = fleet.reconcile(advance=1)
+    assert report.plan is not None
+    assert report.plan.current_hourly_eur == 0.0
+    assert not any("budget" in r for r in report.plan.held_back)
+    assert len(fleet.workers(WorkerState.REQUESTED.value, WorkerState.BOOTING.value)) == 1
+    view = fleet_overview(fleet.svc.settings, fleet.db, fleet.svc.redis, fleet.clock())
+    assert view["profiles"][0]["current_hourly_eur"] == 0.75
+    # Still pending, so still alerted on.
+    assert _metric(fleet, "murmur_worker_delete_pending_seconds", profile="l4-par2", worker=w.id)
+    assert _metric(fleet, "murmur_fleet_cost_euros_per_hour", profile="l4-par2") == 0.75
+    (w,) = fleet.workers(WorkerState.DELETING.value)
+    assert (w.resources or {}).get("server_gone_at")  # when, for an operator
