@@ -126,6 +126,12 @@ LIVE_WORKER_STATES = (
 SERVER_GONE_AT = "server_gone_at"
 
 
+# Key in `Worker.resources`: when the provider was first seen reporting the instance
+# `starting`. A server that is `stopped` again before it booted is then known to have fallen
+# back (an asynchronous out-of-stock), not merely not to show its power-on yet.
+SEEN_STARTING_AT = "seen_starting_at"
+
+
 def server_gone(resources: dict[str, Any] | None) -> bool:
     """Whether a worker's instance was confirmed gone (its GPU no longer billed)."""
     return bool((resources or {}).get(SERVER_GONE_AT))

@@ -32,6 +32,8 @@ _REPORTING = frozenset({WorkerState.READY.value, WorkerState.DRAINING.value})
 STOPPED_STATES = frozenset({"stopped", "stopped in place", "stopped_in_place"})
 # The head of a death reason that is a capacity failure (see MarkDead.capacity).
 STOPPED_BEFORE_BOOT = "out of stock"
+# Words in a provider's state detail that say a stop was for lack of stock.
+_STOCK_DETAIL = ("out of stock", "out_of_stock", "shortage")
 # Why a booting worker is retired before it is ready: nothing waits for it any more.
 NOT_NEEDED = "not needed"
 # The head of the death reason of a worker that never became ready (see MarkDead.failed_boot).
@@ -103,6 +105,8 @@ class WorkerSnapshot:
     delete_reason: str | None = None
     # A teardown confirmed its instance gone; volumes or IPs may remain (storage, no GPU cost).
     server_gone: bool = False
+    # The provider was seen reporting its instance `starting` (see MarkStarting).
+    seen_starting: bool = False
 
 
 @dataclass(frozen=True)
@@ -165,6 +169,15 @@ class MarkBooted:
 
 
 @dataclass(frozen=True)
+class MarkStarting:
+    """The provider reports the booting worker's instance `starting`: record it once, so a
+    later fall back to `stopped` is known to follow a power-on (an asynchronous out-of-stock),
+    not a read that does not show the power-on yet."""
+
+    worker_id: str
+
+
+@dataclass(frozen=True)
 class MarkDead:
     worker_id: str
     reason: str
@@ -210,7 +223,9 @@ class DeleteOrphan:
     profile: str | None
 
 
-Action = MarkBooted | MarkDead | Requeue | Dispatch | Provision | Delete | DeleteOrphan
+Action = (
+    MarkBooted | MarkStarting | MarkDead | Requeue | Dispatch | Provision | Delete | DeleteOrphan
+)
 
 
 @dataclass(frozen=True)
@@ -294,6 +309,13 @@ def plan_fleet(state: FleetState) -> FleetPlan:
             and inst.state == "running"
         ):
             booted.append(MarkBooted(w.id))
+        elif (
+            w.state == WorkerState.BOOTING.value
+            and not w.seen_starting
+            and inst is not None
+            and inst.state == "starting"
+        ):
+            booted.append(MarkStarting(w.id))
         elif w.state == WorkerState.DELETING.value or w.state == WorkerState.FAILED.value:
             # Teardown not confirmed yet (or a worker rejected at readiness): keep at it.
             teardown.append(Delete(w.id, w.delete_reason or _short(w.error) or "failed"))
@@ -596,6 +618,11 @@ def _availability(p: ProfileSnapshot, now: datetime) -> str:
     return "ok"
 
 
+def stock_detail(detail: str) -> bool:
+    """Whether a provider's state detail says the instance stopped for lack of stock."""
+    return any(word in detail.lower() for word in _STOCK_DETAIL)
+
+
 def _held_reason(p: ProfileSnapshot) -> str:
     """Why a profile held after an error other than stock gets no worker, nor a fallback."""
     until = p.retry_at.isoformat() if p.retry_at else "?"
@@ -672,8 +699,11 @@ def _death(
         and inst.state in STOPPED_STATES
         and w.state == WorkerState.BOOTING.value
         and w.ready_at is None
+        and (w.seen_starting or stock_detail(inst.detail))
     ):
-        # Powered on, never booted, stopped again: Scaleway's asynchronous out-of-stock.
+        # Powered on, never booted, stopped again: Scaleway's asynchronous out-of-stock. Only
+        # when the provider says so, or after it was seen starting: right after an accepted
+        # power-on a read may still show `stopped`, and that server is on its way up.
         said = f"{inst.state}, {inst.detail}" if inst.detail else inst.state
         return f"{STOPPED_BEFORE_BOOT}: the provider stopped it before it booted ({said})"
     if w.state == WorkerState.BOOTING.value:

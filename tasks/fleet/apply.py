@@ -31,12 +31,14 @@ from app.fleet.planner import (
     FleetPlan,
     MarkBooted,
     MarkDead,
+    MarkStarting,
     Provision,
     Requeue,
 )
 from app.jobs.service import announce_finished, fail_job, get_job
 from app.models import (
     LIVE_WORKER_STATES,
+    SEEN_STARTING_AT,
     SERVER_GONE_AT,
     Job,
     JobStatus,
@@ -143,6 +145,8 @@ def apply_plan(
                 _withdraw(svc, withdraw)
             if isinstance(action, MarkBooted):
                 _mark_booted(svc, action.worker_id)
+            elif isinstance(action, MarkStarting):
+                _mark_starting(svc, action.worker_id)
             elif isinstance(action, MarkDead):
                 stopped = _mark_dead(svc, action)
                 if stopped is not None and action.capacity:
@@ -218,6 +222,13 @@ def _mark_booted(svc: FleetServices, worker_id: str) -> None:
             .where(Worker.id == worker_id, Worker.booted_at.is_(None))
             .values(booted_at=svc.clock())
         )
+
+
+def _mark_starting(svc: FleetServices, worker_id: str) -> None:
+    with svc.db.session() as s:
+        row = s.get(Worker, worker_id)
+        if row is not None and not (row.resources or {}).get(SEEN_STARTING_AT):
+            row.resources = {**(row.resources or {}), SEEN_STARTING_AT: svc.clock().isoformat()}
 
 
 def _mark_dead(svc: FleetServices, action: MarkDead) -> str | None:
@@ -399,6 +410,8 @@ def _created(svc: FleetServices, profile: Profile, worker_id: str, instance: Ins
             .values(state=WorkerState.BOOTING.value)
         )
         values: dict[str, Any] = {"resources": dict(instance.resources)}
+        if instance.state == "starting":  # the create's own look after power-on saw it
+            values["resources"][SEEN_STARTING_AT] = now.isoformat()
         s.execute(update(Worker).where(Worker.id == worker_id).values(**values))
         if instance.state == "running":
             s.execute(

@@ -25,6 +25,7 @@ from app.fleet.planner import (
 from app.fleet.service import queue_depths
 from app.models import (
     LIVE_WORKER_STATES,
+    SEEN_STARTING_AT,
     Job,
     JobStatus,
     ProfileState,
@@ -141,6 +142,7 @@ def read_snapshot(
             error=w.error,
             delete_reason=w.delete_reason,
             server_gone=server_gone(w.resources),
+            seen_starting=bool((w.resources or {}).get(SEEN_STARTING_AT)),
         )
         for w in rows
     )

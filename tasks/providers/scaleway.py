@@ -25,7 +25,7 @@ from scaleway.instance.v1.custom_api import InstanceUtilsV1API
 
 from app.config import Profile, Settings
 from app.fleet.cloudinit import render_user_data
-from app.fleet.planner import STOPPED_STATES
+from app.fleet.planner import STOPPED_STATES, stock_detail
 from tasks.providers.base import (
     FLEET_TAG,
     PROFILE_TAG,
@@ -367,12 +367,15 @@ class ScalewayProvider:
             raise error from None
         # An out-of-stock may also come after an accepted poweron: the server falls back to
         # stopped (state_detail says why). Look once; later falls are the planner's to see.
-        state, detail = "starting", ""
+        # Right after the 202 the API may still show `stopped` with nothing said: that server
+        # is on its way up, not out of stock (app.fleet.planner waits for `starting` or a
+        # stock detail). A failed look reports "unknown", never an assumed `starting`.
+        state, detail = "unknown", ""
         with contextlib.suppress(ProviderError):
             after = self._get_server(server.id, zone)
             if after is not None:
                 state, detail = str(after.state), str(after.state_detail or "")
-        if state in STOPPED_STATES:
+        if state in STOPPED_STATES and stock_detail(detail):
             error = OutOfStock(
                 redact_detail(
                     f"server_action poweron: accepted, then the server fell back to {state}"

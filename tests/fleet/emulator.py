@@ -74,6 +74,8 @@ class Fault:
     #            rate_limited (429 JSON) | rate_limited_html (a proxy's 429)
     #            invalid | image_not_found | slow | never_start | attach_flexible_ip
     #            stock_after_poweron (accepted, then back to stopped: "out of stock")
+    #            lagging_poweron (accepted; reads still show `stopped`, nothing said, for
+    #            boot_observations reads, then `starting`, then `running`)
     #            local_volume (create: the server also gets an l_ssd volume)
     zone: str | None = None
     commercial_type: str | None = None
@@ -403,6 +405,11 @@ class InstanceEmulator:
             self._remove(srv)
         elif target == "running":
             srv.data.update(state="running", state_detail="booted", allowed_actions=RUNNING_ACTIONS)
+        elif target == "starting":  # a power-on that shows late (lagging_poweron)
+            srv.data.update(
+                state="starting", state_detail="provisioning node", allowed_actions=STARTING_ACTIONS
+            )
+            srv.pending = ("running", self.boot_observations)
         elif target in ("stopped", "out of stock"):
             # An out-of-stock after an accepted poweron: back to stopped, saying why.
             detail = "out of stock" if target == "out of stock" else ""
@@ -678,6 +685,11 @@ class InstanceEmulator:
                 kind = fault.kind if isinstance(fault, Fault) else None
                 if kind == "never_start":
                     srv.pending = None
+                elif kind == "lagging_poweron":
+                    srv.data.update(
+                        state="stopped", state_detail="", allowed_actions=STOPPED_ACTIONS
+                    )
+                    srv.pending = ("starting", self.boot_observations)
                 elif kind == "stock_after_poweron":
                     srv.pending = ("out of stock", self.boot_observations)
                 else:

@@ -322,3 +322,27 @@ def test_a_gone_server_with_a_stuck_volume_costs_no_gpu(make_fleet: MakeFleet) -
     assert _metric(fleet, "murmur_fleet_cost_euros_per_hour", profile="l4-par2") == 0.75
     (w,) = fleet.workers(WorkerState.DELETING.value)
     assert (w.resources or {}).get("server_gone_at")  # when, for an operator
+
+
+def test_a_power_on_that_shows_late_is_neither_out_of_stock_nor_backed_off(
+    make_fleet: MakeFleet,
+) -> None:
+    """Review of issue 11, L4: a server that reads `stopped` (nothing said) before it shows
+    `starting` boots normally; only a fall back after `starting`, or a stock detail, is a
+    stock-out."""
+    fleet = make_fleet()
+    assert fleet.emulator is not None
+    fleet.emulator.boot_observations = 2
+    fleet.emulator.inject("poweron", "lagging_poweron", times=1)
+    fleet.add_jobs(1)
+    fleet.reconcile()
+    (w,) = fleet.workers()
+    assert w.profile == "l4-par2" and w.state == WorkerState.BOOTING.value
+    for _ in range(6):  # bounded: stopped, stopped, starting, ..., running
+        fleet.reconcile(advance=5)
+    (w,) = fleet.workers()
+    assert w.state == WorkerState.BOOTING.value and w.booted_at is not None
+    assert (w.resources or {}).get("seen_starting_at")
+    state = fleet.profile_state("l4-par2")
+    assert state is None or (state.consecutive_stockouts == 0 and state.backoff_until is None)
+    assert fleet.ready_all() == 1
