@@ -113,7 +113,7 @@ class FleetSettings(_Strict):
     # The reconcile lock is a lease this long, renewed while the run is alive: a control worker
     # that dies is replaced within it (tasks.fleet.lease).
     reconcile_lease_seconds: float = Field(default=6.0, ge=1.0)
-    # /readyz fails when no reconcile completed for this long (app.fleet.liveness).
+    # /readyz fails when no reconcile made progress for this long (app.fleet.liveness).
     reconcile_stale_seconds: float = Field(default=180.0, gt=0)
     # Each worker gets its own Redis ACL user limited to its queue (tasks/fleet/broker_users.py);
     # unset: on for cloud profiles, off for the local provider. Needs ACL rights (see docs).

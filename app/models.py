@@ -120,6 +120,23 @@ LIVE_WORKER_STATES = (
 )
 
 
+# Key in `Worker.resources`: when a teardown confirmed the instance itself gone. From then on
+# the worker costs no GPU time, only the storage its volumes and IPs still hold (cents a day),
+# so the cost and budget count it at zero while its teardown goes on (tasks.fleet.apply).
+SERVER_GONE_AT = "server_gone_at"
+
+
+# Key in `Worker.resources`: when the provider was first seen reporting the instance
+# `starting`. A server that is `stopped` again before it booted is then known to have fallen
+# back (an asynchronous out-of-stock), not merely not to show its power-on yet.
+SEEN_STARTING_AT = "seen_starting_at"
+
+
+def server_gone(resources: dict[str, Any] | None) -> bool:
+    """Whether a worker's instance was confirmed gone (its GPU no longer billed)."""
+    return bool((resources or {}).get(SERVER_GONE_AT))
+
+
 class Worker(Base):
     __tablename__ = "workers"
 

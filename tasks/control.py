@@ -4,21 +4,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.fleet.liveness import reconciled_within
+from app.fleet.liveness import started_within
 from tasks.celery_app import celery_app
 from tasks.fleet.reconcile import reconcile as reconcile_fleet
 from tasks.fleet.services import FleetServices, process_services
 
 
 def due(svc: FleetServices) -> bool:
-    """Whether a reconcile is due: not if one completed within half an interval.
+    """Whether a reconcile is due: not if one started within half an interval.
 
     Two beats (an orphaned one and its replacement) send twice per interval; the second send
-    then costs one Redis read instead of a full round. Runs never overlap either way: the
-    reconcile lease allows one at a time.
+    then costs one Redis read instead of a full round. Counted from the start, not the end, of
+    the last run: a run longer than half an interval must not make the next tick skip. Runs
+    never overlap either way: the reconcile lease allows one at a time.
     """
     half = svc.settings.fleet.reconcile_interval_seconds / 2
-    return not reconciled_within(svc.redis, svc.clock(), half)
+    return not started_within(svc.redis, svc.clock(), half)
 
 
 @celery_app.task(name="murmur.control.reconcile", ignore_result=True)

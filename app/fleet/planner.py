@@ -32,10 +32,15 @@ _REPORTING = frozenset({WorkerState.READY.value, WorkerState.DRAINING.value})
 STOPPED_STATES = frozenset({"stopped", "stopped in place", "stopped_in_place"})
 # The head of a death reason that is a capacity failure (see MarkDead.capacity).
 STOPPED_BEFORE_BOOT = "out of stock"
+# Words in a provider's state detail that say a stop was for lack of stock.
+_STOCK_DETAIL = ("out of stock", "out_of_stock", "shortage")
 # Why a booting worker is retired before it is ready: nothing waits for it any more.
 NOT_NEEDED = "not needed"
 # The head of the death reason of a worker that never became ready (see MarkDead.failed_boot).
 BOOT_TIMEOUT = "boot timeout"
+# The head of the error of a worker refused at readiness (app.fleet.readiness.reject): it
+# booted an image that cannot serve its profile, also a failed boot.
+RUNTIME_REJECTED = "runtime rejected"
 _BUDGET_EPSILON = 1e-9
 
 
@@ -98,6 +103,10 @@ class WorkerSnapshot:
     last_seen_at: datetime | None = None
     error: str | None = None
     delete_reason: str | None = None
+    # A teardown confirmed its instance gone; volumes or IPs may remain (storage, no GPU cost).
+    server_gone: bool = False
+    # The provider was seen reporting its instance `starting` (see MarkStarting).
+    seen_starting: bool = False
 
 
 @dataclass(frozen=True)
@@ -160,14 +169,24 @@ class MarkBooted:
 
 
 @dataclass(frozen=True)
+class MarkStarting:
+    """The provider reports the booting worker's instance `starting`: record it once, so a
+    later fall back to `stopped` is known to follow a power-on (an asynchronous out-of-stock),
+    not a read that does not show the power-on yet."""
+
+    worker_id: str
+
+
+@dataclass(frozen=True)
 class MarkDead:
     worker_id: str
     reason: str
     # The provider stopped it before it ever booted: out of stock, as if create had said so
     # (back-off of its profile, fallback to the next).
     capacity: bool = False
-    # It never became ready within the boot timeout: a failed boot of its profile (counted;
-    # enough in a row hold the profile, see fleet.max_failed_boots).
+    # It never became ready within the boot timeout, or was refused at readiness: a failed
+    # boot of its profile (counted; enough in a row hold the profile, see
+    # fleet.max_failed_boots).
     failed_boot: bool = False
 
 
@@ -207,7 +226,9 @@ class DeleteOrphan:
     profile: str | None
 
 
-Action = MarkBooted | MarkDead | Requeue | Dispatch | Provision | Delete | DeleteOrphan
+Action = (
+    MarkBooted | MarkStarting | MarkDead | Requeue | Dispatch | Provision | Delete | DeleteOrphan
+)
 
 
 @dataclass(frozen=True)
@@ -291,6 +312,13 @@ def plan_fleet(state: FleetState) -> FleetPlan:
             and inst.state == "running"
         ):
             booted.append(MarkBooted(w.id))
+        elif (
+            w.state == WorkerState.BOOTING.value
+            and not w.seen_starting
+            and inst is not None
+            and inst.state == "starting"
+        ):
+            booted.append(MarkStarting(w.id))
         elif w.state == WorkerState.DELETING.value or w.state == WorkerState.FAILED.value:
             # Teardown not confirmed yet (or a worker rejected at readiness): keep at it.
             teardown.append(Delete(w.id, w.delete_reason or _short(w.error) or "failed"))
@@ -298,7 +326,9 @@ def plan_fleet(state: FleetState) -> FleetPlan:
     live_ids: set[str] = set()
     current_eur = 0.0
     for w in state.workers:
-        if w.state != WorkerState.FAILED.value or w.instance_id is not None:
+        if w.server_gone:
+            pass  # its GPU is gone; what is left is storage, negligible against the budget
+        elif w.state != WorkerState.FAILED.value or w.instance_id is not None:
             current_eur += w.hourly_cost_eur  # billed until the provider confirms deletion
         if w.state in _LIVE and w.id not in dead:
             live_ids.add(w.id)
@@ -349,8 +379,9 @@ def plan_fleet(state: FleetState) -> FleetPlan:
     # a time, so a profile takes as many jobs as it has live, idle workers not already promised
     # a job; booting workers count, their jobs wait on the queue until they are ready.
     # New work prefers the first profile that can take it: past a profile that could still get
-    # a worker, a fallback's ready workers get no new job (an idle one is left to retire); only
-    # its workers still starting take the jobs they were created for, as they are paid anyway.
+    # a worker, or one held after an error other than stock (its jobs wait for it, as for the
+    # walk below), a fallback's ready workers get no new job (an idle one is left to retire);
+    # only its workers still starting take the jobs they were created for, as they are paid.
     waiting = state.queued + len(requeues)
     pool = list(dict.fromkeys([r.job_id for r in requeues] + list(state.dispatchable)))
     dispatches: list[Dispatch] = []
@@ -378,7 +409,11 @@ def plan_fleet(state: FleetState) -> FleetPlan:
         # Slots left free only because this round offered no more ids: they take jobs next
         # round, so nobody provisions a worker for those jobs.
         spare_slots += max(0, free - n)
-        preferred_open = preferred_open or _can_grow(p, t, current_eur, rules, now)
+        preferred_open = (
+            preferred_open
+            or _can_grow(p, t, current_eur, rules, now)
+            or _availability(p, now) == "held"
+        )
     waiting = max(0, waiting)
 
     # 4. Provision for what still waits: the first profile, in order, that can get a worker.
@@ -419,23 +454,33 @@ def plan_fleet(state: FleetState) -> FleetPlan:
 
     # Jobs already on a profile's queue (the API dispatches at once to a warm profile) beyond
     # its free workers need more workers of that same profile; they wait otherwise. A fallback
-    # grows only while every profile before it is unavailable: once the preferred one can get
-    # a worker again, the fallback's queue waits for the workers it has.
+    # grows only while every profile before it is unavailable for lack of capacity: once the
+    # preferred one can get a worker again, or while it is held after another error, the
+    # fallback's queue waits for the workers it has.
     preferred: str | None = None  # an earlier profile that could still get a worker
+    held: ProfileSnapshot | None = None  # an earlier profile held after a non-capacity error
     for p in state.profiles:
         t = tallies[p.name]
         free = sum(1 for w in t.workers if w.state in _SERVING and not w.busy)
         backlog = max(0, t.dispatched - free)
         if backlog and t.status == "ok":
-            if preferred is None:
+            if preferred is None and held is None:
                 add_workers(p, min(backlog, p.max_workers - t.live))
-            else:
+            elif preferred is not None:
                 held_back.append(
                     f"{p.name}: not grown for the {backlog} job(s) on its queue; "
                     f"{preferred} is preferred and available again"
                 )
+            elif held is not None:
+                held_back.append(_held_reason(held))
+                held_back.append(
+                    f"{p.name}: not grown for the {backlog} job(s) on its queue; "
+                    f"{held.name} is held after an error, not falling back"
+                )
         if preferred is None and p.enabled and _can_grow(p, t, planned_eur, rules, now):
             preferred = p.name
+        if held is None and preferred is None and t.status == "held":
+            held = p
 
     for p in state.profiles:
         if unmet == 0:
@@ -452,11 +497,7 @@ def plan_fleet(state: FleetState) -> FleetPlan:
             held_back.append(f"{p.name}: out of stock, backing off until {until}")
             continue
         if t.status == "held":
-            until = p.retry_at.isoformat() if p.retry_at else "?"
-            held_back.append(
-                f"{p.name}: last provisioning failed ({p.last_error or 'error'}); next attempt "
-                f"at {until}; not falling back to another profile"
-            )
+            held_back.append(_held_reason(p))
             break
         room = p.max_workers - t.live - t.new
         if room <= 0:
@@ -529,7 +570,7 @@ def plan_fleet(state: FleetState) -> FleetPlan:
             wid,
             reason,
             capacity=reason.startswith(STOPPED_BEFORE_BOOT),
-            failed_boot=reason.startswith(BOOT_TIMEOUT),
+            failed_boot=reason.startswith((BOOT_TIMEOUT, RUNTIME_REJECTED)),
         )
         for wid, reason in dead.items()
     ]
@@ -580,6 +621,20 @@ def _availability(p: ProfileSnapshot, now: datetime) -> str:
     return "ok"
 
 
+def stock_detail(detail: str) -> bool:
+    """Whether a provider's state detail says the instance stopped for lack of stock."""
+    return any(word in detail.lower() for word in _STOCK_DETAIL)
+
+
+def _held_reason(p: ProfileSnapshot) -> str:
+    """Why a profile held after an error other than stock gets no worker, nor a fallback."""
+    until = p.retry_at.isoformat() if p.retry_at else "?"
+    return (
+        f"{p.name}: last provisioning failed ({p.last_error or 'error'}); next attempt "
+        f"at {until}; not falling back to another profile"
+    )
+
+
 def _can_grow(
     p: ProfileSnapshot, t: _Tally, hourly_eur: float, rules: FleetRules, now: datetime
 ) -> bool:
@@ -628,6 +683,9 @@ def _death(
 ) -> str | None:
     """Why a live worker must be declared dead (and its jobs re-routed), or None."""
     now, rules = state.now, state.rules
+    if w.state == WorkerState.FAILED.value and (w.error or "").startswith(RUNTIME_REJECTED):
+        # Refused at readiness and not counted yet (counting moves it to DELETING).
+        return w.error
     if w.state in _STARTING:
         age = _age(now, w.requested_at)
         if age is not None and age > rules.create_timeout:
@@ -644,8 +702,11 @@ def _death(
         and inst.state in STOPPED_STATES
         and w.state == WorkerState.BOOTING.value
         and w.ready_at is None
+        and (w.seen_starting or stock_detail(inst.detail))
     ):
-        # Powered on, never booted, stopped again: Scaleway's asynchronous out-of-stock.
+        # Powered on, never booted, stopped again: Scaleway's asynchronous out-of-stock. Only
+        # when the provider says so, or after it was seen starting: right after an accepted
+        # power-on a read may still show `stopped`, and that server is on its way up.
         said = f"{inst.state}, {inst.detail}" if inst.detail else inst.state
         return f"{STOPPED_BEFORE_BOOT}: the provider stopped it before it booted ({said})"
     if w.state == WorkerState.BOOTING.value:

@@ -2,7 +2,8 @@
 
 `runtime_mismatches` is pure; `mark_ready` and `reject` only change the worker row inside the
 caller's session. A rejected worker is left FAILED with the reasons in `error`; the next
-reconcile deletes its instance and records why.
+reconcile counts it as a failed boot of its profile (app.fleet.planner, RUNTIME_REJECTED),
+deletes its instance and records why.
 """
 
 from __future__ import annotations

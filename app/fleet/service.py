@@ -15,7 +15,15 @@ from sqlalchemy import func, or_, select
 
 from app.config import Settings
 from app.db import Database
-from app.models import LIVE_WORKER_STATES, Job, JobStatus, ProfileState, Worker, WorkerState
+from app.models import (
+    LIVE_WORKER_STATES,
+    Job,
+    JobStatus,
+    ProfileState,
+    Worker,
+    WorkerState,
+    server_gone,
+)
 
 # Written by each reconcile run (tasks.fleet.reconcile), read here.
 PLAN_KEY = "murmur:fleet:plan"
@@ -32,6 +40,11 @@ _TIMINGS = (
     ("delete_requested", "delete_requested_at"),
     ("deleted", "deleted_at"),
 )
+
+
+def _billed(w: Worker) -> bool:
+    """Whether a worker still costs its GPU price: until its instance is confirmed gone."""
+    return w.state in _BILLED and w.deleted_at is None and not server_gone(w.resources)
 
 
 def read_plan(client: redis.Redis) -> dict[str, Any] | None:
@@ -117,9 +130,7 @@ def fleet_overview(
         for w in mine:
             if w.deleted_at is None:
                 by_state[w.state] = by_state.get(w.state, 0) + 1
-        current = sum(
-            w.hourly_cost_eur for w in mine if w.state in _BILLED and w.deleted_at is None
-        )
+        current = sum(w.hourly_cost_eur for w in mine if _billed(w))
         backoff = _utc(st.backoff_until) if st else None
         retry = _utc(st.retry_at) if st else None
         profiles.append(
@@ -150,9 +161,7 @@ def fleet_overview(
             }
         )
 
-    current_total = sum(
-        w.hourly_cost_eur for w in workers if w.state in _BILLED and w.deleted_at is None
-    )
+    current_total = sum(w.hourly_cost_eur for w in workers if _billed(w))
     return {
         "at": _iso(now),
         "budget": {

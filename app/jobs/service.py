@@ -16,7 +16,7 @@ from typing import Any
 
 import redis
 from celery import Celery
-from sqlalchemy import and_, delete, literal, or_, select, union, update
+from sqlalchemy import and_, delete, func, literal, or_, select, union, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -32,6 +32,7 @@ from app.models import (
     JobStatus,
     ProfileState,
     Worker,
+    WorkerState,
     utcnow,
 )
 from app.observability import record_job_finished
@@ -175,33 +176,54 @@ def get_job(db: Database, job_id: str, owner: str | None = None) -> Job:
 
 
 def routable_profile(session: Session, settings: Settings, now: datetime) -> str | None:
-    """The first enabled profile, in allowlist order, that has a live worker and no back-off.
+    """The first enabled profile, in allowlist order, that can take a new job now.
 
     Submissions use it to dispatch at once when a worker is warm; everything else waits for the
-    reconcile, which provisions workers and re-routes. A profile without a live worker that
-    could get one (no back-off, no hold, max_workers above 0) stops the walk: new work prefers
-    it, so a later fallback's warm worker does not keep the job (app.fleet.planner does the
-    same).
+    reconcile, which provisions workers and re-routes (app.fleet.planner follows the same
+    rules). In order:
+    - a profile that could get a worker (no back-off, no hold) takes the job if it has a live
+      worker (the reconcile grows it for its queue); without one it stops the walk: new work
+      prefers it, so a later fallback's warm worker does not keep the job;
+    - a back-off or a hold only stops new workers: such a profile takes the job if one of its
+      workers is free (not busy, not promised to a job already on its queue);
+    - otherwise a profile backed off after a stock-out passes the job on to the next profile,
+      while one held after another error keeps it queued: no fallback on errors an operator
+      must fix.
     """
-    # One round trip on the submission path: (profile, fact) pairs.
-    facts = {
-        (str(name), str(fact))
-        for name, fact in session.execute(
-            union(
-                select(Worker.profile, literal("live")).where(Worker.state.in_(LIVE_WORKER_STATES)),
-                select(ProfileState.name, literal("backoff")).where(
-                    ProfileState.backoff_until > now
-                ),
-                select(ProfileState.name, literal("held")).where(ProfileState.retry_at > now),
-            )
+    # One round trip on the submission path: (profile, fact, count) rows.
+    serving = [state for state in LIVE_WORKER_STATES if state != WorkerState.DRAINING.value]
+    rows: Any = session.execute(
+        union(
+            select(Worker.profile, literal("live"), func.count())
+            .where(Worker.state.in_(LIVE_WORKER_STATES))
+            .group_by(Worker.profile),
+            select(Worker.profile, literal("free"), func.count())
+            .where(Worker.state.in_(serving), Worker.current_job_id.is_(None))
+            .group_by(Worker.profile),
+            select(Job.profile, literal("queued"), func.count())
+            .where(Job.status == JobStatus.DISPATCHED.value, Job.profile.is_not(None))
+            .group_by(Job.profile),
+            select(ProfileState.name, literal("backoff"), literal(1)).where(
+                ProfileState.backoff_until > now
+            ),
+            select(ProfileState.name, literal("held"), literal(1)).where(
+                ProfileState.retry_at > now
+            ),
         )
-    }
+    )
+    facts = {(str(name), str(fact)): int(n) for name, fact, n in rows}
     for profile in settings.enabled_profiles:
-        if (profile.name, "backoff") in facts:
+        name = profile.name
+        backoff, held = (name, "backoff") in facts, (name, "held") in facts
+        if not (backoff or held):
+            if facts.get((name, "live"), 0) > 0:
+                return name
+            if profile.max_workers > 0:
+                return None
             continue
-        if (profile.name, "live") in facts:
-            return profile.name
-        if profile.max_workers > 0 and (profile.name, "held") not in facts:
+        if facts.get((name, "free"), 0) > facts.get((name, "queued"), 0):
+            return name
+        if held and profile.max_workers > 0:
             return None
     return None
 

@@ -33,7 +33,15 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from app.config import Settings
 from app.db import Database
-from app.models import FINISHED_STATES, Job, JobStatus, ProfileState, Worker, WorkerState
+from app.models import (
+    FINISHED_STATES,
+    Job,
+    JobStatus,
+    ProfileState,
+    Worker,
+    WorkerState,
+    server_gone,
+)
 from app.observability import store
 from app.observability.exposition import SeriesFamily, encode_text
 from app.observability.schema import MISSING_REASONS
@@ -198,6 +206,7 @@ class MurmurCollector:
                     Worker.instance_id,
                     Worker.hourly_cost_eur,
                     Worker.delete_requested_at,
+                    Worker.resources,
                 ).where(
                     # The inventory: rows that may still own an instance. A failed creation
                     # is FAILED with deleted_at set and owns nothing.
@@ -375,8 +384,11 @@ class MurmurCollector:
         )
         for w in workers:
             counts[(w.profile, w.state)] += 1
-            # Same rule as the planner: a failed worker with no instance costs nothing.
-            if w.state != WorkerState.FAILED.value or w.instance_id is not None:
+            # Same rule as the planner: a failed worker with no instance costs nothing, nor
+            # does one whose instance a teardown confirmed gone (only storage may be left).
+            if server_gone(w.resources):
+                pass
+            elif w.state != WorkerState.FAILED.value or w.instance_id is not None:
                 costs[w.profile] = costs.get(w.profile, 0.0) + float(w.hourly_cost_eur or 0.0)
             if w.delete_requested_at is not None:
                 since = now - _aware(w.delete_requested_at).timestamp()

@@ -31,18 +31,22 @@ from app.fleet.planner import (
     FleetPlan,
     MarkBooted,
     MarkDead,
+    MarkStarting,
     Provision,
     Requeue,
 )
 from app.jobs.service import announce_finished, fail_job, get_job
 from app.models import (
     LIVE_WORKER_STATES,
+    SEEN_STARTING_AT,
+    SERVER_GONE_AT,
     Job,
     JobStatus,
     ProfileState,
     Worker,
     WorkerState,
     new_id,
+    server_gone,
 )
 from app.observability import forget_worker, record_provision_attempt
 from tasks.dispatch import dispatch_job, requeue_job, withdraw_messages
@@ -119,58 +123,77 @@ def apply_plan(
     snapshot: Snapshot,
     plan: FleetPlan,
     keep_lock: Callable[[], None] = lambda: None,
+    torn_down: set[str] | None = None,
 ) -> Outcome:
+    """Apply `plan`'s actions in order.
+
+    `torn_down`: workers whose teardown the run already advanced (filled in here); a re-plan
+    in the same run skips them, as a server not gone yet is only confirmed a round later.
+    """
     out = Outcome()
+    torn_down = set() if torn_down is None else torn_down
     provisioning_stopped = False
     held_now: set[str] = set()
     # Re-routed jobs whose old message is still on their old profile's queue. Withdrawn before
     # the next other action, so before any of them is dispatched again.
     withdraw: dict[str, list[str]] = {}
     planned = {p.name: p.dispatched for p in plan.profiles}  # jobs left on each queue
-    for action in plan.actions:
-        keep_lock()
-        if withdraw and not isinstance(action, Requeue):
+    try:
+        for action in plan.actions:
+            keep_lock()
+            if withdraw and not isinstance(action, Requeue):
+                _withdraw(svc, withdraw)
+            if isinstance(action, MarkBooted):
+                _mark_booted(svc, action.worker_id)
+            elif isinstance(action, MarkStarting):
+                _mark_starting(svc, action.worker_id)
+            elif isinstance(action, MarkDead):
+                stopped = _mark_dead(svc, action)
+                if stopped is not None and action.capacity:
+                    out.stocked_out.append(stopped)
+                    provisioning_stopped = True  # re-plan: the next profile gets this demand
+                elif stopped is not None:
+                    held_now.add(stopped)  # held after failed boots: not in this round either
+            elif isinstance(action, Requeue):
+                if requeue_job(svc.db, action.job_id, action.from_profile):
+                    withdraw.setdefault(action.from_profile, []).append(action.job_id)
+                    out.requeued += 1
+                    log.info("fleet: re-route job %s: %s", action.job_id, action.reason)
+            elif isinstance(action, Dispatch):
+                if dispatch_job(svc.db, svc.celery, action.job_id, action.profile):
+                    out.dispatched[action.profile] += 1
+            elif isinstance(action, Provision):
+                if provisioning_stopped or action.profile in held_now:
+                    continue
+                result = _provision(svc, action)
+                if isinstance(result, OutOfStock):
+                    out.stocked_out.append(action.profile)
+                    provisioning_stopped = True  # re-plan: the next profile gets this demand
+                elif isinstance(result, ProviderError):
+                    out.errors.append(f"{action.profile}: {result.reason}")
+                    provisioning_stopped = True  # no fallback on errors other than stock
+                else:
+                    out.provisioned.append(result)
+            elif isinstance(action, Delete):
+                if action.worker_id in torn_down:
+                    continue
+                torn_down.add(action.worker_id)
+                if _teardown(svc, action.worker_id, action.reason, planned):
+                    out.deleted.append(action.worker_id)
+            elif isinstance(action, DeleteOrphan):
+                worker_id = _adopt_orphan(
+                    svc, action, snapshot.instances.get((action.provider, action.instance_id))
+                )
+                if worker_id in torn_down:
+                    continue
+                torn_down.add(worker_id)
+                if _teardown(svc, worker_id, "orphan"):
+                    out.deleted.append(worker_id)
+    finally:
+        # Also when the lease is lost (or anything else stops the run) right after a
+        # re-route: the job is queued again, so its old message must not stay behind.
+        if withdraw:
             _withdraw(svc, withdraw)
-        if isinstance(action, MarkBooted):
-            _mark_booted(svc, action.worker_id)
-        elif isinstance(action, MarkDead):
-            stopped = _mark_dead(svc, action)
-            if stopped is not None and action.capacity:
-                out.stocked_out.append(stopped)
-                provisioning_stopped = True  # re-plan: the next profile gets this demand
-            elif stopped is not None:
-                held_now.add(stopped)  # held after failed boots: not in this round either
-        elif isinstance(action, Requeue):
-            if requeue_job(svc.db, action.job_id, action.from_profile):
-                withdraw.setdefault(action.from_profile, []).append(action.job_id)
-                out.requeued += 1
-                log.info("fleet: re-route job %s: %s", action.job_id, action.reason)
-        elif isinstance(action, Dispatch):
-            if dispatch_job(svc.db, svc.celery, action.job_id, action.profile):
-                out.dispatched[action.profile] += 1
-        elif isinstance(action, Provision):
-            if provisioning_stopped or action.profile in held_now:
-                continue
-            result = _provision(svc, action)
-            if isinstance(result, OutOfStock):
-                out.stocked_out.append(action.profile)
-                provisioning_stopped = True  # re-plan: the next profile gets this demand
-            elif isinstance(result, ProviderError):
-                out.errors.append(f"{action.profile}: {result.reason}")
-                provisioning_stopped = True  # no fallback on errors other than stock
-            else:
-                out.provisioned.append(result)
-        elif isinstance(action, Delete):
-            if _teardown(svc, action.worker_id, action.reason, planned):
-                out.deleted.append(action.worker_id)
-        elif isinstance(action, DeleteOrphan):
-            worker_id = _adopt_orphan(
-                svc, action, snapshot.instances.get((action.provider, action.instance_id))
-            )
-            if _teardown(svc, worker_id, "orphan"):
-                out.deleted.append(worker_id)
-    if withdraw:
-        _withdraw(svc, withdraw)
     for profile, n in sorted(out.dispatched.items()):
         log.info("fleet: dispatched %d job(s) to %s", n, profile)
     return out
@@ -201,24 +224,38 @@ def _mark_booted(svc: FleetServices, worker_id: str) -> None:
         )
 
 
+def _mark_starting(svc: FleetServices, worker_id: str) -> None:
+    with svc.db.session() as s:
+        row = s.get(Worker, worker_id)
+        if row is not None and not (row.resources or {}).get(SEEN_STARTING_AT):
+            row.resources = {**(row.resources or {}), SEEN_STARTING_AT: svc.clock().isoformat()}
+
+
 def _mark_dead(svc: FleetServices, action: MarkDead) -> str | None:
     """Mark the worker for deletion; the profile it stops provisioning for, if any.
 
     A capacity death backs its profile off; a failed boot may hold it (`_failed_boot`).
     """
     now = svc.clock()
+    # A worker refused at readiness is already FAILED (app.fleet.readiness.reject); moving it
+    # on from there counts its failed boot exactly once.
+    states = (*LIVE_WORKER_STATES, WorkerState.FAILED.value) if action.failed_boot else None
     with svc.db.session() as s:
         row = s.get(Worker, action.worker_id)
         profile_name = row.profile if row is not None else None
         moved = rows_changed(
             s,
             update(Worker)
-            .where(Worker.id == action.worker_id, Worker.state.in_(LIVE_WORKER_STATES))
+            .where(
+                Worker.id == action.worker_id,
+                Worker.state.in_(states or LIVE_WORKER_STATES),
+                Worker.deleted_at.is_(None),
+            )
             .values(
                 state=WorkerState.DELETING.value,
                 error=action.reason,
                 delete_reason=action.reason.split(":", 1)[0][:64],
-                delete_requested_at=now,
+                delete_requested_at=func.coalesce(Worker.delete_requested_at, now),
             ),
         )
     if moved:
@@ -373,6 +410,8 @@ def _created(svc: FleetServices, profile: Profile, worker_id: str, instance: Ins
             .values(state=WorkerState.BOOTING.value)
         )
         values: dict[str, Any] = {"resources": dict(instance.resources)}
+        if instance.state == "starting":  # the create's own look after power-on saw it
+            values["resources"][SEEN_STARTING_AT] = now.isoformat()
         s.execute(update(Worker).where(Worker.id == worker_id).values(**values))
         if instance.state == "running":
             s.execute(
@@ -563,6 +602,9 @@ def _teardown(
         if row is None:
             return False
         row.resources = {**resources, **dict(result.resources)}
+        if (result.server_gone or result.confirmed) and not server_gone(row.resources):
+            # From here on no GPU cost counts against the budget (app.models.SERVER_GONE_AT).
+            row.resources = {**row.resources, SERVER_GONE_AT: svc.clock().isoformat()}
         if result.confirmed:
             row.state = WorkerState.DELETED.value
             row.deleted_at = svc.clock()

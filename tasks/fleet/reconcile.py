@@ -5,7 +5,9 @@ thread renews while the run is alive, so a control worker that dies is replaced 
 lease, however long a live run takes; the run checks it still holds the lease before every
 action and stops at once if not. After an out-of-stock answer the run reads and plans again, so
 the next profile in order is tried within the same run (at most once per profile). A run that
-completes records when (app.fleet.liveness), which `/readyz` and `/metrics` read.
+starts, acts and completes records when (app.fleet.liveness, at most once a second while it
+acts), which `/readyz` and `/metrics` read: a long run that keeps acting is live. A re-plan
+never repeats a teardown this run already sent: a server not gone yet is confirmed next round.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 import redis
 
-from app.fleet.liveness import record_reconciled
+from app.fleet.liveness import record_reconciled, record_started
 from app.fleet.planner import FleetPlan, plan_fleet
 from app.fleet.service import PLAN_KEY
 from tasks.fleet import broker_users
@@ -96,16 +98,27 @@ def reconcile(svc: FleetServices) -> ReconcileReport:
     if not lease.acquire():
         log.debug("fleet: another reconcile is running")
         return ReconcileReport(ran=False)
-    keep_lock = lease.check
+    progressed = svc.clock()
+
+    def keep_lock() -> None:
+        nonlocal progressed
+        lease.check()
+        # The control plane's liveness is progress, not only completion (app.fleet.liveness).
+        now = svc.clock()
+        if abs((now - progressed).total_seconds()) >= 1.0:
+            progressed = now
+            record_reconciled(svc.redis, now)
 
     report = ReconcileReport(ran=True)
     try:
+        record_started(svc.redis, svc.clock())
         since = listening_since(svc, svc.clock())
+        torn_down: set[str] = set()  # workers whose teardown this run already advanced
         for _ in range(len(svc.settings.profiles) + 1):
             keep_lock()
             snapshot = read_snapshot(svc, svc.clock(), since)
             plan = plan_fleet(snapshot.state)
-            outcome = apply_plan(svc, snapshot, plan, keep_lock)
+            outcome = apply_plan(svc, snapshot, plan, keep_lock, torn_down)
             report.plans.append(plan)
             report.outcomes.append(outcome)
             if not outcome.stocked_out:

@@ -23,7 +23,16 @@ from app.fleet.planner import (
     WorkerSnapshot,
 )
 from app.fleet.service import queue_depths
-from app.models import LIVE_WORKER_STATES, Job, JobStatus, ProfileState, Worker, WorkerState
+from app.models import (
+    LIVE_WORKER_STATES,
+    SEEN_STARTING_AT,
+    Job,
+    JobStatus,
+    ProfileState,
+    Worker,
+    WorkerState,
+    server_gone,
+)
 from app.observability.store import last_reports
 from tasks.fleet.services import FleetServices
 from tasks.providers.base import Instance, ProviderError
@@ -132,6 +141,8 @@ def read_snapshot(
             last_seen_at=_latest(as_utc(w.last_seen_at), reported.get(w.id)),
             error=w.error,
             delete_reason=w.delete_reason,
+            server_gone=server_gone(w.resources),
+            seen_starting=bool((w.resources or {}).get(SEEN_STARTING_AT)),
         )
         for w in rows
     )

@@ -57,6 +57,9 @@ class Teardown:
     confirmed: bool
     resources: Mapping[str, Any] = field(default_factory=dict)
     detail: str = ""
+    # The instance itself is confirmed gone (true when `confirmed`): what may be left is storage
+    # (volumes, IPs), so the GPU is no longer billed.
+    server_gone: bool = False
 
 
 class ProviderError(Exception):

@@ -25,7 +25,7 @@ from scaleway.instance.v1.custom_api import InstanceUtilsV1API
 
 from app.config import Profile, Settings
 from app.fleet.cloudinit import render_user_data
-from app.fleet.planner import STOPPED_STATES
+from app.fleet.planner import STOPPED_STATES, stock_detail
 from tasks.providers.base import (
     FLEET_TAG,
     PROFILE_TAG,
@@ -177,7 +177,9 @@ def classify(exc: BaseException, what: str, secrets: Collection[str] = ()) -> Pr
         return _Busy(said)
     if kind in ("permissions_denied", "denied_authentication") or status in (401, 403):
         return PermissionDenied(said)
-    if status >= 500:
+    if status >= 500 or status == 429 or kind == "too_many_requests":
+        # A rate limit is the API's, not the request's, fault: retried later on the same
+        # profile, as the non-JSON 429 above is.
         return ProviderUnavailable(said)
     return InvalidArgument(said)
 
@@ -370,12 +372,15 @@ class ScalewayProvider:
             raise error from None
         # An out-of-stock may also come after an accepted poweron: the server falls back to
         # stopped (state_detail says why). Look once; later falls are the planner's to see.
-        state, detail = "starting", ""
+        # Right after the 202 the API may still show `stopped` with nothing said: that server
+        # is on its way up, not out of stock (app.fleet.planner waits for `starting` or a
+        # stock detail). A failed look reports "unknown", never an assumed `starting`.
+        state, detail = "unknown", ""
         with contextlib.suppress(ProviderError):
             after = self._get_server(server.id, zone)
             if after is not None:
                 state, detail = str(after.state), str(after.state_detail or "")
-        if state in STOPPED_STATES:
+        if state in STOPPED_STATES and stock_detail(detail):
             error = OutOfStock(
                 redact_detail(
                     f"server_action poweron: accepted, then the server fell back to {state}"
@@ -444,12 +449,13 @@ class ScalewayProvider:
         local = list(dict.fromkeys(resources.get("local_volumes") or []))
         ips = list(dict.fromkeys(resources.get("ips") or []))
         deadline = time.monotonic() + self._teardown_wait
+        gone = False  # the server itself, confirmed by a read that no longer finds it
 
         def progress(confirmed: bool, detail: str = "") -> Teardown:
             left = {"zone": zone, "worker_id": worker_id, "volumes": volumes, "ips": ips}
             if local:
                 left["local_volumes"] = local
-            return Teardown(confirmed, left, detail)
+            return Teardown(confirmed, left, detail, server_gone=gone or confirmed)
 
         try:
             # 1-3: learn the server's Block volumes and flexible IPs, stop it, wait until gone.
@@ -467,6 +473,7 @@ class ScalewayProvider:
                     return progress(False, _still_there(instance_id, server))
                 time.sleep(self._poll)
                 server = self._get_server(instance_id, zone)
+            gone = True
             # 4: Block volumes are only detached by terminate; delete each once available.
             volumes = [v for v in volumes if not self._delete_volume(v, zone, deadline)]
             local = [v for v in local if not self._delete_local_volume(v, zone)]

@@ -83,8 +83,11 @@ class Fault:
     op: str  # create | poweron | terminate | poweroff | delete_server | get_server | list_servers
     #          user_data | availability | get_volume | delete_volume | delete_ip | list_ips | any
     kind: str  # out_of_stock | quota | permission | server_error | bad_gateway | empty_5xx
+    #            rate_limited (429 JSON) | rate_limited_html (a proxy's 429)
     #            invalid | image_not_found | slow | never_start | attach_flexible_ip
     #            stock_after_poweron (accepted, then back to stopped: "out of stock")
+    #            lagging_poweron (accepted; reads still show `stopped`, nothing said, for
+    #            boot_observations reads, then `starting`, then `running`)
     #            local_volume (create: the server also gets an l_ssd volume)
     zone: str | None = None
     commercial_type: str | None = None
@@ -124,6 +127,7 @@ _ERRORS: dict[str, tuple[int, dict[str, Any]]] = {
         },
     ),
     "server_error": (500, {"type": "internal_error", "message": "internal error"}),
+    "rate_limited": (429, {"type": "too_many_requests", "message": "too many requests"}),
     "invalid": (
         400,
         {
@@ -359,6 +363,10 @@ class InstanceEmulator:
                 )
             elif f.kind == "empty_5xx":
                 answer = answer or Response(b"", 503)
+            elif f.kind == "rate_limited_html":  # a proxy's 429, not the API's JSON one
+                answer = answer or Response(
+                    "<html>429 Too Many Requests</html>", 429, content_type="text/html"
+                )
             elif f.kind in _ERRORS:
                 status, body = _ERRORS[f.kind]
                 answer = answer or self._json(body, status)
@@ -411,6 +419,11 @@ class InstanceEmulator:
             self._remove(srv)
         elif target == "running":
             srv.data.update(state="running", state_detail="booted", allowed_actions=RUNNING_ACTIONS)
+        elif target == "starting":  # a power-on that shows late (lagging_poweron)
+            srv.data.update(
+                state="starting", state_detail="provisioning node", allowed_actions=STARTING_ACTIONS
+            )
+            srv.pending = ("running", self.boot_observations)
         elif target in ("stopped", "out of stock"):
             # An out-of-stock after an accepted poweron: back to stopped, saying why.
             detail = "out of stock" if target == "out of stock" else ""
@@ -690,6 +703,11 @@ class InstanceEmulator:
                 kind = fault.kind if isinstance(fault, Fault) else None
                 if kind == "never_start":
                     srv.pending = None
+                elif kind == "lagging_poweron":
+                    srv.data.update(
+                        state="stopped", state_detail="", allowed_actions=STOPPED_ACTIONS
+                    )
+                    srv.pending = ("starting", self.boot_observations)
                 elif kind == "stock_after_poweron":
                     srv.pending = ("out of stock", self.boot_observations)
                 else:

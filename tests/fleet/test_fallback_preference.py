@@ -7,8 +7,11 @@ take them, so no second fallback server is created once the preferred one is bac
 
 from __future__ import annotations
 
+from datetime import timedelta
+
+from app.fleet.planner import Provision
 from app.jobs.service import routable_profile
-from app.models import Job, WorkerState
+from app.models import Job, JobStatus, ProfileState, Worker, WorkerState
 from tasks.dispatch import dispatch_job
 from tests.fleet.conftest import Fleet, MakeFleet
 from tests.fleet.test_reconcile import live, servers_in, settle_teardown
@@ -82,3 +85,108 @@ def test_after_the_stock_out_clears_new_jobs_go_to_the_preferred_profile(
     assert fleet.ready_all() == 1
     _, routed = submit(fleet)
     assert routed == "l4-par2"
+
+
+def _busy_fallback(fleet: Fleet) -> None:
+    """A P100 fallback worker, ready and running a job of its own."""
+    now = fleet.clock()
+    with fleet.db.session() as s:
+        s.add(
+            Worker(
+                id="wrk_p100",
+                profile="p100-par1",
+                provider="scaleway",
+                state=WorkerState.READY.value,
+                requested_at=now,
+                ready_at=now,
+                booted_at=now,
+                last_seen_at=now,
+                current_job_id="job_busy",
+                hourly_cost_eur=1.2426,
+            )
+        )
+        s.add(
+            Job(
+                id="job_busy",
+                owner="t",
+                source="upload",
+                audio_key="x",
+                status=JobStatus.RUNNING.value,
+                profile="p100-par1",
+                worker_id="wrk_p100",
+                created_at=now,
+                dispatched_at=now,
+            )
+        )
+
+
+def _profile_state(fleet: Fleet, **values: object) -> None:
+    """What the fleet learned about the L4 profile, as the reconcile would have recorded it."""
+    with fleet.db.session() as s:
+        row = s.get(ProfileState, "l4-par2")
+        if row is None:
+            row = ProfileState(
+                name="l4-par2",
+                consecutive_stockouts=0,
+                consecutive_errors=0,
+                consecutive_failed_boots=0,
+            )
+            s.add(row)
+        for key, value in values.items():
+            setattr(row, key, value)
+
+
+def _provisions(fleet: Fleet) -> list[str]:
+    report = fleet.reports[-1]
+    return [a.profile for plan in report.plans for a in plan.actions if isinstance(a, Provision)]
+
+
+def test_an_idle_preferred_worker_takes_new_work_during_its_back_off(
+    make_fleet: MakeFleet,
+) -> None:
+    """Review of issue 11, H1: a back-off stops new workers of its profile, not new jobs."""
+    fleet = make_fleet()
+    fleet.add_jobs(1)
+    fleet.reconcile()
+    fleet.reconcile(advance=5)
+    assert fleet.ready_all() == 1 and fleet.claim_all() == 1 and fleet.finish_all() == 1
+    _profile_state(  # an extra L4 was out of stock meanwhile
+        fleet,
+        consecutive_stockouts=1,
+        backoff_until=fleet.clock() + timedelta(seconds=600),
+        last_error="create_server: HTTP 503 out_of_stock",
+    )
+    _busy_fallback(fleet)
+
+    job, routed = submit(fleet)
+    assert routed == "l4-par2"  # the idle L4, not the busy fallback
+    # A second job finds no free L4 worker: the stock-out passes it on to the fallback.
+    second, routed = submit(fleet)
+    assert routed == "p100-par1"
+
+    fleet.reconcile(advance=1)
+    assert fleet.claim_all() == 1
+    assert job_profile(fleet, job) == "l4-par2"
+    assert _provisions(fleet) == ["p100-par1"]  # the fallback grows for its own queue only
+
+
+def test_a_preferred_profile_held_after_an_error_grows_no_fallback(make_fleet: MakeFleet) -> None:
+    """Review of issue 11, H2: no fallback on quota (nor permission, 5xx, invalid argument)."""
+    fleet = make_fleet()
+    _profile_state(
+        fleet,
+        consecutive_errors=1,
+        retry_at=fleet.clock() + timedelta(seconds=600),
+        last_error="create_server: HTTP 403 quotas_exceeded",
+    )
+    _busy_fallback(fleet)
+
+    job, routed = submit(fleet)
+    assert routed is None  # it waits for the L4, not on the busy fallback's queue
+    fleet.reconcile(advance=1)
+    assert _provisions(fleet) == []
+    assert job_profile(fleet, job) is None
+    plan = fleet.reports[-1].plan
+    assert plan is not None
+    assert any(r.startswith("l4-par2: last provisioning failed") for r in plan.held_back)
+    assert servers_in(fleet, "fr-par-1") == []

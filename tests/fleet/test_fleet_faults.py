@@ -19,7 +19,7 @@ from app.observability.exposition import encode_text
 from tasks.dispatch import dispatch_job
 from tasks.fleet.apply import apply_plan
 from tasks.fleet.snapshot import as_utc, read_snapshot
-from tests.fleet.conftest import L4, Fleet, MakeFleet
+from tests.fleet.conftest import L4, P100, Fleet, MakeFleet
 
 NOTHING = {"servers": 0, "ips": 0, "volumes": 0}
 
@@ -257,3 +257,92 @@ def test_a_booting_worker_that_got_a_job_since_the_plan_is_kept(make_fleet: Make
     apply_plan(fleet.svc, snapshot, plan)
     (w,) = fleet.workers()
     assert w.state == WorkerState.BOOTING.value
+
+
+def test_a_worker_rejected_at_readiness_is_a_failed_boot(make_fleet: MakeFleet) -> None:
+    """Review of issue 11, H3: an image that boots but cannot serve its profile (here a
+    CPU-only worker on a GPU profile) is counted, held, charged to the job, never looped."""
+    fleet = make_fleet(
+        [L4, P100],
+        fleet={"max_failed_boots": 2, "boot_timeout_seconds": 600, "backoff_seconds": 600},
+    )
+    assert fleet.emulator is not None
+    (job,) = fleet.add_jobs(1)
+    created: list[str] = []
+    for _ in range(6):  # bounded: more cycles than the hold needs
+        fleet.reconcile(advance=10)
+        for w in fleet.workers(WorkerState.BOOTING.value, WorkerState.CREATING.value):
+            if w.id not in created:
+                created.append(w.id)
+            assert fleet.report_ready(w.id, device="cpu")  # refused
+        fleet.reconcile(advance=10)
+        settle(fleet)
+
+    assert len(created) == 2  # held after the second (for 600 s), no fallback to the P100
+    assert {w.profile for w in fleet.workers()} == {"l4-par2"}
+    state = fleet.profile_state("l4-par2")
+    assert state is not None and state.consecutive_failed_boots == 2
+    assert state.retry_at is not None
+    assert "2 workers in a row never became ready" in (state.last_error or "")
+    assert "runtime rejected: device: worker runs on 'cpu'" in (state.last_error or "")
+    # The second boot was for the job (the first came and went before it was dispatched).
+    (j,) = fleet.jobs()
+    assert j.id == job and j.attempts == 1
+    assert all(w.state == WorkerState.DELETED.value for w in fleet.workers())
+    assert fleet.emulator.inventory() == NOTHING
+
+
+def test_a_gone_server_with_a_stuck_volume_costs_no_gpu(make_fleet: MakeFleet) -> None:
+    """Review of issue 11, M3: once the server is confirmed gone, its worker no longer counts
+    its GPU price against the budget while its volume's teardown is stuck (here a Block
+    policy without delete rights); the pending deletion stays visible."""
+    fleet = make_fleet([L4], budget=1.0)  # one L4 (0.75 EUR/h) fits, two do not
+    assert fleet.emulator is not None
+    fleet.add_jobs(1)
+    fleet.reconcile()
+    fleet.reconcile(advance=1)
+    assert fleet.ready_all() == 1 and fleet.claim_all() == 1 and fleet.finish_all() == 1
+    fleet.emulator.inject("get_volume", "permission")
+    for _ in range(5):  # bounded: idle timeout, then the teardown that cannot finish
+        fleet.reconcile(advance=70)
+    assert fleet.emulator.inventory()["servers"] == 0
+    (w,) = fleet.workers(WorkerState.DELETING.value)
+    assert (w.error or "").startswith("teardown: ")
+
+    fleet.add_jobs(1)
+    report = fleet.reconcile(advance=1)
+    assert report.plan is not None
+    assert report.plan.current_hourly_eur == 0.0
+    assert not any("budget" in r for r in report.plan.held_back)
+    assert len(fleet.workers(WorkerState.REQUESTED.value, WorkerState.BOOTING.value)) == 1
+    view = fleet_overview(fleet.svc.settings, fleet.db, fleet.svc.redis, fleet.clock())
+    assert view["profiles"][0]["current_hourly_eur"] == 0.75
+    # Still pending, so still alerted on.
+    assert _metric(fleet, "murmur_worker_delete_pending_seconds", profile="l4-par2", worker=w.id)
+    assert _metric(fleet, "murmur_fleet_cost_euros_per_hour", profile="l4-par2") == 0.75
+    (w,) = fleet.workers(WorkerState.DELETING.value)
+    assert (w.resources or {}).get("server_gone_at")  # when, for an operator
+
+
+def test_a_power_on_that_shows_late_is_neither_out_of_stock_nor_backed_off(
+    make_fleet: MakeFleet,
+) -> None:
+    """Review of issue 11, L4: a server that reads `stopped` (nothing said) before it shows
+    `starting` boots normally; only a fall back after `starting`, or a stock detail, is a
+    stock-out."""
+    fleet = make_fleet()
+    assert fleet.emulator is not None
+    fleet.emulator.boot_observations = 2
+    fleet.emulator.inject("poweron", "lagging_poweron", times=1)
+    fleet.add_jobs(1)
+    fleet.reconcile()
+    (w,) = fleet.workers()
+    assert w.profile == "l4-par2" and w.state == WorkerState.BOOTING.value
+    for _ in range(6):  # bounded: stopped, stopped, starting, ..., running
+        fleet.reconcile(advance=5)
+    (w,) = fleet.workers()
+    assert w.state == WorkerState.BOOTING.value and w.booted_at is not None
+    assert (w.resources or {}).get("seen_starting_at")
+    state = fleet.profile_state("l4-par2")
+    assert state is None or (state.consecutive_stockouts == 0 and state.backoff_until is None)
+    assert fleet.ready_all() == 1

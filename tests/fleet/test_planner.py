@@ -414,7 +414,7 @@ CASES = [
         expect={"delete w1 (idle)"},
     ),
     Case(
-        "worker rejected at readiness is deleted",
+        "worker rejected at readiness is dead (a failed boot) and deleted",
         [prof(A)],
         workers=[
             wkr(
@@ -424,7 +424,7 @@ CASES = [
                 delete_reason="runtime rejected",
             )
         ],
-        expect={"delete w1 (runtime rejected)"},
+        expect={"dead w1 (runtime rejected)", "delete w1 (runtime rejected)"},
     ),
     # -- dead workers -------------------------------------------------------------------------
     Case(
@@ -687,3 +687,17 @@ def test_a_dispatched_job_whose_message_was_lost_is_routed_again(
         active=[ActiveJob("jx", A, "dispatched", None, dispatched_at=ago(sent_ago))],
     )
     assert ("requeue jx from a" in describe(plan_fleet(build(case)))) is requeued
+
+
+def test_a_worker_whose_server_is_gone_costs_no_gpu() -> None:
+    """Review of issue 11, M3: volumes or IPs left behind are storage, not a GPU."""
+    pending = dict(state="deleting", delete_reason="idle", hourly_cost_eur=9.0)
+    case = Case(
+        "server gone, volume left",
+        [prof(A, hourly_cost_eur=1.0)],
+        workers=[wkr("w1", server_gone=True, **pending), wkr("w2", **pending)],  # type: ignore[arg-type]
+        queued=1,
+    )
+    plan = plan_fleet(build(case))
+    assert plan.current_hourly_eur == pytest.approx(9.0)  # w2's server may still run
+    assert describe(plan) == {"delete w1 (idle)", "delete w2 (idle)", "provision a x1"}

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 
-from app.fleet.planner import InstanceSnapshot, JobCounts, MarkDead, plan_fleet
+from app.fleet.planner import InstanceSnapshot, JobCounts, MarkDead, MarkStarting, plan_fleet
 from tests.fleet.test_planner import NOW, Case, ago, build, describe, prof, wkr
 
 A, B = "a", "b"
@@ -42,10 +42,35 @@ CASES = [
         expect={"dead w1 (out of stock)", "delete w1 (out of stock)"},
     ),
     Case(
-        "stopped in place before it booted: out of stock too",
+        "stopped in place after it was seen starting: out of stock too",
+        [prof(A)],
+        workers=[booting("w1", seen_starting=True)],  # type: ignore[list-item]
+        inventory=[stopped("w1", "", "stopped in place")],
+        expect={"dead w1 (out of stock)", "delete w1 (out of stock)"},
+    ),
+    # Review of issue 11, L4: right after an accepted power-on a read may still show the
+    # server `stopped`, nothing said: that is not a stock-out (the boot timeout still bounds it).
+    Case(
+        "stopped, nothing said, never seen starting: the power-on does not show yet",
+        [prof(A), prof(B)],
+        workers=[booting("w1")],  # type: ignore[list-item]
+        counts=[JobCounts(A, dispatched=1)],
+        inventory=[stopped("w1", "")],
+        expect=set(),
+    ),
+    Case(
+        "stopped, nothing said, after it was seen starting: out of stock",
+        [prof(A), prof(B)],
+        workers=[booting("w1", seen_starting=True)],  # type: ignore[list-item]
+        counts=[JobCounts(A, dispatched=1)],
+        inventory=[stopped("w1", "")],
+        expect={"dead w1 (out of stock)", "delete w1 (out of stock)", "provision a x1"},
+    ),
+    Case(
+        "stopped with a shortage said, never seen starting: out of stock",
         [prof(A)],
         workers=[booting("w1")],  # type: ignore[list-item]
-        inventory=[stopped("w1", "", "stopped in place")],
+        inventory=[stopped("w1", "node shortage")],
         expect={"dead w1 (out of stock)", "delete w1 (out of stock)"},
     ),
     Case(
@@ -132,7 +157,7 @@ def test_only_a_stop_before_boot_is_a_capacity_death() -> None:
     (mark,) = [a for a in plan_fleet(build(case)).actions if isinstance(a, MarkDead)]
     assert mark.capacity and not mark.failed_boot
     assert "out of stock" in mark.reason
-    after_boot = CASES[2]
+    after_boot = next(c for c in CASES if c.name.startswith("stopped after it booted"))
     (mark,) = [a for a in plan_fleet(build(after_boot)).actions if isinstance(a, MarkDead)]
     assert not mark.capacity
 
@@ -145,3 +170,35 @@ def test_a_boot_timeout_is_a_failed_boot() -> None:
     )
     (mark,) = [a for a in plan_fleet(build(case)).actions if isinstance(a, MarkDead)]
     assert mark.failed_boot and not mark.capacity
+
+
+def test_a_worker_rejected_at_readiness_is_a_failed_boot() -> None:
+    """Review of issue 11, H3: a runtime the profile refuses is a boot that failed."""
+    rejected = wkr(
+        "w1",
+        A,
+        state="failed",
+        ready_at=None,
+        idle_since=None,
+        error="runtime rejected: device: worker runs on 'cpu', profile a runs on a GPU (cuda)",
+        delete_reason="runtime rejected",
+    )
+    case = Case("runtime rejected", [prof(A)], workers=[rejected])
+    plan = plan_fleet(build(case))
+    (mark,) = [a for a in plan.actions if isinstance(a, MarkDead)]
+    assert mark.failed_boot and not mark.capacity
+    assert mark.reason.startswith("runtime rejected: device: worker runs on 'cpu'")
+    assert describe(plan) == {"dead w1 (runtime rejected)", "delete w1 (runtime rejected)"}
+
+
+def test_an_instance_seen_starting_is_recorded_once() -> None:
+    case = Case("seen starting", [prof(A)], workers=[booting("w1")], inventory=starting("w1"))  # type: ignore[list-item]
+    marks = [a for a in plan_fleet(build(case)).actions if isinstance(a, MarkStarting)]
+    assert marks == [MarkStarting("w1")]
+    seen = Case(
+        "seen before",
+        [prof(A)],
+        workers=[booting("w1", seen_starting=True)],  # type: ignore[list-item]
+        inventory=starting("w1"),
+    )
+    assert not [a for a in plan_fleet(build(seen)).actions if isinstance(a, MarkStarting)]

@@ -104,6 +104,43 @@ CASES = [
         queued=1,
         expect={"dispatch j0->b"},
     ),
+    # Review of issue 11, H1: a back-off stops new workers of its profile, not new jobs.
+    Case(
+        "preferred backed off with an idle worker of its own: it takes the new job",
+        [prof(A, backoff_until=LATER), prof(B)],
+        workers=[wkr("p1", A), wkr("f1", B, busy=True, idle_since=None)],
+        counts=[JobCounts(B, running=1)],
+        queued=1,
+        expect={"dispatch j0->a"},
+    ),
+    # Review of issue 11, H2: a profile held after an error other than stock is not replaced
+    # by a fallback, neither for new jobs nor for jobs already on the fallback's queue.
+    Case(
+        "preferred held after an error: the busy fallback does not grow for its queue",
+        [prof(A, retry_at=LATER, last_error="quotas_exceeded"), prof(B)],
+        workers=[wkr("f1", B, busy=True, idle_since=None)],
+        counts=[JobCounts(B, dispatched=1, running=1)],
+        expect=set(),
+        held=[
+            "b: not grown for the 1 job(s) on its queue; a is held",
+            "a: last provisioning failed (quotas_exceeded)",
+        ],
+    ),
+    Case(
+        "preferred held after an error: the idle fallback gets no new job",
+        [prof(A, retry_at=LATER, last_error="quotas_exceeded"), prof(B)],
+        workers=[wkr("f1", B)],
+        queued=1,
+        expect=set(),
+        held=["a: last provisioning failed (quotas_exceeded)"],
+    ),
+    Case(
+        "preferred held with an idle worker of its own: it takes the new job",
+        [prof(A, retry_at=LATER, last_error="quotas_exceeded"), prof(B)],
+        workers=[wkr("p1", A), wkr("f1", B)],
+        queued=1,
+        expect={"dispatch j0->a"},
+    ),
     Case(
         "a fallback worker that holds a job is kept, the preferred gets the new one",
         [prof(A), prof(B)],

@@ -6,11 +6,16 @@ stale message must not outlive the re-route.
 
 from __future__ import annotations
 
+import pytest
 import redis
 
+from app.fleet.planner import Requeue, plan_fleet
 from app.models import JobStatus, WorkerState
 from tasks.celery_app import TRANSCRIBE_TASK, make_celery
 from tasks.dispatch import withdraw_messages
+from tasks.fleet.apply import apply_plan
+from tasks.fleet.lease import LeaseLost
+from tasks.fleet.snapshot import read_snapshot
 from tests.fleet.conftest import FLEET_REDIS_URL, L4, MakeFleet, fleet_settings
 
 
@@ -72,3 +77,35 @@ def test_withdraw_reads_a_bounded_tail(fleet_redis: redis.Redis) -> None:
     # The oldest messages sit at the consuming end: found within a short scan; the newest not.
     assert withdraw_messages(fleet_redis, "q", ["job_old", "job_new"], scan_limit=10) == 1
     assert _depth(fleet_redis, "q") == 31
+
+
+def test_a_lease_lost_right_after_a_re_route_still_withdraws(make_fleet: MakeFleet) -> None:
+    """The run stops at the first check after the re-route; the old message goes anyway."""
+    fleet = make_fleet([L4])
+    assert fleet.emulator is not None
+    client = fleet.svc.redis
+    fleet.add_jobs(1)
+    fleet.reconcile()
+    fleet.reconcile(advance=5)
+    (w,) = fleet.workers(WorkerState.BOOTING.value)
+    assert _depth(client, "l4-par2") == 1
+    with fleet.emulator.lock:
+        fleet.emulator._remove(fleet.emulator.servers[w.instance_id or ""])
+
+    fleet.clock.advance(5)
+    snapshot = read_snapshot(fleet.svc, fleet.clock(), fleet.clock())
+    plan = plan_fleet(snapshot.state)
+    requeue_at = next(i for i, a in enumerate(plan.actions) if isinstance(a, Requeue))
+    assert requeue_at + 1 < len(plan.actions)  # another action follows it
+    checks = 0
+
+    def keep_lock() -> None:
+        nonlocal checks
+        checks += 1
+        if checks > requeue_at + 1:  # the check before the action after the re-route
+            raise LeaseLost("lost")
+
+    with pytest.raises(LeaseLost):
+        apply_plan(fleet.svc, snapshot, plan, keep_lock)
+    assert [j.status for j in fleet.jobs()] == [JobStatus.QUEUED.value]
+    assert _depth(client, "l4-par2") == 0

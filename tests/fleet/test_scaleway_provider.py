@@ -56,6 +56,10 @@ ERRORS = [
     ("permission", PermissionDenied),
     ("server_error", ProviderUnavailable),
     ("bad_gateway", ProviderUnavailable),
+    # A 429 is a rate limit wherever it comes from (JSON from the API or a proxy's HTML page):
+    # retry later on the same profile, never an invalid argument.
+    ("rate_limited", ProviderUnavailable),
+    ("rate_limited_html", ProviderUnavailable),
     ("invalid", InvalidArgument),
 ]
 

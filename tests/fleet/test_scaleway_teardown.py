@@ -193,3 +193,16 @@ def test_create_looks_again_after_poweron(
 
     instance = provider.create(settings.profile("l4-par2"), "wrk_u", lambda i, r: {})
     assert instance.state == "running"  # what the API said, not an assumed "starting"
+
+
+def test_a_power_on_that_shows_late_is_not_out_of_stock(
+    emulator: InstanceEmulator, settings: Settings, provider: ScalewayProvider
+) -> None:
+    """Review of issue 11, L4: right after the 202 the server may still read `stopped`, with
+    nothing said; it is on its way up, so create returns it instead of deleting it."""
+    emulator.inject("poweron", "lagging_poweron", times=1)
+    instance = provider.create(settings.profile("l4-par2"), "wrk_t", lambda i, r: {})
+    assert instance.state == "stopped" and instance.detail == ""
+    assert emulator.inventory()["servers"] == 1
+    seen = [provider.get(instance.instance_id, instance.resources) for _ in range(4)]
+    assert [i.state for i in seen if i is not None][-1] == "running"

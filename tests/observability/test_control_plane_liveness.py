@@ -37,7 +37,7 @@ def test_not_ready_when_the_last_reconcile_is_older_than_the_bound(obs: ObsEnv) 
     assert body["status"] == "unavailable"
     assert body["checks"]["database"] == "ok" and body["checks"]["broker"] == "ok"
     reason = body["checks"]["control_plane"]
-    assert reason.startswith("failed: last reconcile completed")
+    assert reason.startswith("failed: last reconcile progress")
     assert f"(bound {bound:.0f} s)" in reason
     text = response.get_data(as_text=True)
     assert API_TOKEN not in text and SCRAPE_TOKEN not in text
