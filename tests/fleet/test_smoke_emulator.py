@@ -24,7 +24,7 @@ from werkzeug.serving import make_server
 from app import create_app
 from app.db import Database
 from app.models import Worker, WorkerState
-from tasks.fleet.broker_users import USER_PREFIX
+from tasks.fleet.broker_users import broker_db, user_name
 from tasks.fleet.smoke import PHASES, process_services, render, run_smoke
 from tests.conftest import FIXTURES, REDIS_URL, free_port, make_settings
 from tests.fleet.conftest import ACCESS_KEY, PROJECT_ID, SECRET_KEY, WORKER_IMAGE
@@ -133,7 +133,8 @@ def test_smoke_on_the_emulator_transcribes_with_a_real_worker_and_leaves_nothing
     env = host.environments[worker.instance_id]
     assert env["MURMUR_WORKER_ID"] == worker.id and env["MURMUR_INSTANCE_ID"] == worker.instance_id
     # It took the job from the broker under its own Redis user (removed at teardown below).
-    assert f"//{USER_PREFIX}{worker.id}:" in env["MURMUR_BROKER_URL"]
+    broker_user = user_name(worker.id, broker_db(env["MURMUR_BROKER_URL"]))
+    assert f"//{broker_user}:" in env["MURMUR_BROKER_URL"]
     assert worker.runtime is not None and worker.runtime["device"] == "cpu"
     assert worker.runtime["compute_type"] == "int8" and worker.runtime["profile"] == "cpu-par1"
     # tiny.en hears "quick round fox" in this recording; these words it gets right.
@@ -152,7 +153,7 @@ def test_smoke_on_the_emulator_transcribes_with_a_real_worker_and_leaves_nothing
     assert ops[:3] == ["create", "user_data", "poweron"] and "terminate" in ops
     host.settle()
     assert host.processes_left() == []
-    assert clean_redis.acl_getuser(USER_PREFIX + worker.id) is None
+    assert clean_redis.acl_getuser(broker_user) is None
 
 
 def test_the_env_file_is_read_from_cloud_init_as_rendered() -> None:
