@@ -273,9 +273,10 @@ def jobs(status: str | None, limit: int) -> None:
 
 
 def _register_domain_commands() -> None:
-    from app.fleet.cli import fleet_command
+    from app.fleet.cli import fleet_command, smoke_command
 
     main.add_command(fleet_command, "fleet")
+    main.add_command(smoke_command, "smoke")
 
 
 _register_domain_commands()

@@ -8,6 +8,7 @@ objects travel, never raw dicts.
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,6 +27,27 @@ ProviderName = Literal["scaleway", "local"]
 # The minimum length of the scrape token (DESIGN §5) and of the other shared secrets.
 MIN_SECRET_LENGTH = 32
 
+# A container image pinned by digest, with no tag: `[registry[:port]/]path@sha256:<64 hex>`.
+# Cloud-init puts it in a systemd unit and a shell command, so nothing else may pass.
+_IMAGE_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+WORKER_IMAGE_BY_DIGEST = re.compile(
+    rf"^(?:[a-z0-9.-]+(?::[0-9]+)?/)?{_IMAGE_COMPONENT}(?:/{_IMAGE_COMPONENT})*"
+    r"@sha256:[0-9a-f]{64}$"
+)
+
+
+def worker_image_problem(image: str) -> str | None:
+    """Why `image` cannot name a worker container (tag, no digest, bad syntax), or None."""
+    if WORKER_IMAGE_BY_DIGEST.match(image):
+        return None
+    name, at, digest = image.partition("@")
+    last = name.rsplit("/", 1)[-1]
+    if ":" in last:
+        return f"{image!r} names a tag; pin the image by digest (name@sha256:<64 hex>), no tag"
+    if not at:
+        return f"{image!r} has no digest; pin it as name@sha256:<64 hex>"
+    return f"{image!r} is not an image reference by digest (name@sha256:<64 hex>)"
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -39,6 +61,8 @@ class Profile(_Strict):
     zone: str
     server_type: str
     image: str = ""
+    # The worker container the instance runs (cloud-init pulls it); by digest, never a tag.
+    worker_image: str = ""
     security_group: str = ""
     model: str = "tiny.en"
     compute_type: ComputeType = "int8"
@@ -85,6 +109,17 @@ class FleetSettings(_Strict):
     backoff_max_seconds: float = Field(default=900.0, gt=0)
     provider_timeout_seconds: float = Field(default=30.0, gt=0)
     max_attempts: int = Field(default=3, ge=1)
+    # The reconcile lock is a lease this long, renewed while the run is alive: a control worker
+    # that dies is replaced within it (tasks.fleet.lease).
+    reconcile_lease_seconds: float = Field(default=6.0, ge=1.0)
+    # /readyz fails when no reconcile completed for this long (app.fleet.liveness).
+    reconcile_stale_seconds: float = Field(default=180.0, gt=0)
+    # Each worker gets its own Redis ACL user limited to its queue (tasks/fleet/broker_users.py);
+    # unset: on for cloud profiles, off for the local provider. Needs ACL rights (see docs).
+    worker_broker_users: bool | None = None
+    # Workers of one profile in a row that never become ready before its retries are held
+    # back (doubling from backoff_seconds): a broken image is not re-created every boot timeout.
+    max_failed_boots: int = Field(default=3, ge=1)
 
 
 class BudgetSettings(_Strict):
@@ -94,6 +129,17 @@ class BudgetSettings(_Strict):
 class ObservabilitySettings(_Strict):
     enabled: bool = False
     report_interval_seconds: float = Field(default=30.0, gt=0)
+
+
+class RetentionSettings(_Strict):
+    """How long a job's data is kept once the job has ended (docs: README, Data retention)."""
+
+    # Audio is deleted this long after its job succeeded, failed or was cancelled; the job row
+    # and transcript stay until the owner purges them (DELETE /v1/jobs/<id>?purge=true).
+    audio_seconds: float = Field(default=24 * 3600, ge=0, le=366 * 86400)
+    # How often the control worker sweeps, and how many jobs one sweep handles at most.
+    sweep_interval_seconds: float = Field(default=60.0, ge=1, le=86400)
+    batch_size: int = Field(default=200, ge=1, le=10000)
 
 
 class ScalewaySettings(_Strict):
@@ -106,13 +152,14 @@ class Settings(_Strict):
     database_url: str = "sqlite:///var/murmur.db"
     redis_url: str = "redis://127.0.0.1:6379/0"
     # The broker URL handed to workers (cloud-init), when it differs from the control plane's:
-    # a name they can reach, and ideally a Redis user limited to the transcribe.* queues.
+    # a name they can reach; each worker's own Redis user goes into it (fleet.worker_broker_users).
     worker_broker_url: str | None = None
     storage_path: str = "var/audio"
     default_language: str | None = None
     fleet: FleetSettings = FleetSettings()
     budget: BudgetSettings = BudgetSettings()
     observability: ObservabilitySettings = ObservabilitySettings()
+    retention: RetentionSettings = RetentionSettings()
     scaleway: ScalewaySettings = ScalewaySettings()
     security_groups: dict[str, SecurityGroup] = {}
     profiles: tuple[Profile, ...] = ()
@@ -234,6 +281,8 @@ def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
         api["allow_private_urls"] = _truthy(env["MURMUR_ALLOW_PRIVATE_URLS"])
     if api:
         out["api"] = api
+    if "MURMUR_AUDIO_RETENTION_SECONDS" in env:
+        out["retention"] = {"audio_seconds": env["MURMUR_AUDIO_RETENTION_SECONDS"]}
     if "MURMUR_OBSERVABILITY_ENABLED" in env:
         out["observability"] = {"enabled": _truthy(env["MURMUR_OBSERVABILITY_ENABLED"])}
     return out
@@ -420,6 +469,13 @@ def check_settings(settings: Settings, *, role: str = "control") -> list[str]:
         if p.provider == "scaleway":
             if not p.image:
                 problems.append(f"{where}.image: required for the scaleway provider")
+            if not p.worker_image:
+                problems.append(
+                    f"{where}.worker_image: required for the scaleway provider "
+                    "(the worker container, name@sha256:<64 hex>)"
+                )
+            elif (image_problem := worker_image_problem(p.worker_image)) is not None:
+                problems.append(f"{where}.worker_image: {image_problem}")
             if p.hourly_cost_eur <= 0:
                 # The budget bounds cost with this figure: a free-looking GPU would escape it.
                 problems.append(

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 import redis
 from celery import Celery
@@ -20,6 +21,9 @@ class Services:
     redis: redis.Redis
     celery: Celery
     storage: AudioStore
+    # When this API process started: until a reconcile is ever recorded, the control
+    # plane's silence counts from here (app.fleet.liveness).
+    started_at: float = field(default_factory=time.time)
 
 
 def services() -> Services:

@@ -10,6 +10,8 @@ from typing import Any, cast
 from sqlalchemy import CursorResult, Engine, Select, create_engine, event
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
+from app.private_files import private_dir, private_file, tighten
+
 
 class Base(DeclarativeBase):
     pass
@@ -32,9 +34,17 @@ def make_engine(url: str) -> Engine:
     # Errors must not carry bound values into logs: prompts, transcripts, URLs.
     kwargs: dict[str, Any] = {"future": True, "hide_parameters": True}
     if url.startswith("sqlite"):
-        path = url.split("///", 1)[-1]
-        if path and path != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        path = url.split("///", 1)[-1] if "///" in url else ""  # sqlite:// is in memory
+        if path and path != ":memory:" and not path.startswith("file:"):
+            # Jobs hold prompts and transcripts: the file is the owner's alone (SQLite gives
+            # its -wal and -shm files the same mode). A directory that exists is not ours
+            # to change; one created for the database is 0700.
+            parent = Path(path).parent
+            if not parent.exists():
+                private_dir(parent)
+            private_file(path)
+            for companion in ("-wal", "-shm", "-journal"):  # left by an earlier, laxer version
+                tighten(Path(path + companion))
         kwargs["connect_args"] = {"timeout": 30, "check_same_thread": False}
     else:
         kwargs["pool_pre_ping"] = True

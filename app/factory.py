@@ -12,6 +12,8 @@ from app.config import Settings, load_settings, scrape_token_problem
 from app.context import Services
 from app.db import Database
 from app.errors import register_error_handlers
+from app.inputs import check_request_text
+from app.json_provider import FiniteJSONProvider
 from app.storage import LocalAudioStore
 
 log = logging.getLogger(__name__)
@@ -35,7 +37,7 @@ def create_app(
     settings = settings or load_settings()
     app = _Api("murmur", static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = settings.api.max_upload_bytes + _MULTIPART_OVERHEAD
-    app.json.sort_keys = False  # type: ignore[attr-defined]
+    app.json = FiniteJSONProvider(app)
     if celery is None:
         from tasks.celery_app import make_celery
 
@@ -48,6 +50,7 @@ def create_app(
         storage=LocalAudioStore(settings.storage_path),
     )
     register_error_handlers(app)
+    app.before_request(check_request_text)
     problem = scrape_token_problem(settings)
     if problem is not None:  # names the rule, never the token
         log.warning("/metrics stays disabled: %s", problem)

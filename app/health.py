@@ -1,10 +1,13 @@
-"""Liveness, readiness (database and broker answer) and the OpenAPI document."""
+"""Liveness, readiness (database, broker, a recent reconcile) and the OpenAPI document."""
 
 from __future__ import annotations
+
+import time
 
 from flask import Blueprint, Response, jsonify
 
 from app.context import services
+from app.fleet.liveness import control_plane_problem
 from app.openapi import openapi_document
 
 health_bp = Blueprint("health", __name__)
@@ -29,6 +32,15 @@ def readyz() -> Response:
         checks["broker"] = "ok"
     except Exception as exc:
         checks["broker"] = f"failed: {type(exc).__name__}"
+    # A dead control plane leaves jobs queued and idle GPUs billed while the API still
+    # accepts work: not ready, and the answer says since when.
+    try:
+        stale = control_plane_problem(
+            svc.redis, time.time(), svc.started_at, svc.settings.fleet.reconcile_stale_seconds
+        )
+        checks["control_plane"] = "ok" if stale is None else f"failed: {stale}"
+    except Exception as exc:
+        checks["control_plane"] = f"failed: {type(exc).__name__}"
     failed = sorted(name for name, state in checks.items() if state != "ok")
     response = jsonify({"status": "ok" if not failed else "unavailable", "checks": checks})
     if failed:

@@ -1,7 +1,8 @@
 """The workers' side door: readiness, claims, signed audio downloads, results and failures.
 
 Workers authenticate with their instance credential (see app.auth.authenticate_worker); the
-audio route needs no credential but a signed, expiring URL issued by a successful claim.
+audio route needs no credential but a signed, expiring URL issued by a successful claim, and
+serves only while that job is running on a worker.
 """
 
 from __future__ import annotations
@@ -9,15 +10,17 @@ from __future__ import annotations
 from typing import Any
 
 from flask import Blueprint, Response, jsonify, request, send_file
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from app.auth import authenticate_worker
 from app.context import services
 from app.credentials import sign_audio_url, verify_audio_signature
 from app.errors import ApiError
 from app.fleet import readiness
+from app.inputs import StorableText, json_problem
 from app.jobs import service
-from app.models import Worker, utcnow
+from app.models import JobStatus, Worker, utcnow
+from gpu_worker.bounds import MAX_TOKEN, Probability, Seconds, Statistic, Token
 
 internal_bp = Blueprint("internal", __name__, url_prefix="/internal")
 
@@ -26,43 +29,61 @@ MAX_RESULT_BYTES = 32 * 1024 * 1024
 
 
 class _Word(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    word: str
-    start: float = Field(ge=0)
-    end: float = Field(ge=0)
+    # Unknown fields are dropped, never stored: only what is declared here (finite, bounded
+    # numbers from gpu_worker/bounds.py) reaches the database and later the API's JSON.
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    word: StorableText
+    start: Seconds
+    end: Seconds
+    probability: Probability | None = None
 
 
 class _Segment(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    start: float = Field(ge=0)
-    end: float = Field(ge=0)
-    text: str
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    id: int | None = Field(default=None, ge=0, le=MAX_TOKEN)
+    seek: int | None = Field(default=None, ge=0, le=MAX_TOKEN)
+    start: Seconds
+    end: Seconds
+    text: StorableText
+    tokens: list[Token] | None = None
+    avg_logprob: Statistic | None = None
+    no_speech_prob: Probability | None = None
+    compression_ratio: Statistic | None = None
+    temperature: Statistic | None = None
     words: list[_Word] | None = None
 
 
 class _Transcript(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    text: str
-    language: str | None = None
-    duration: float = Field(default=0.0, ge=0)
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    text: StorableText
+    language: str | None = Field(default=None, max_length=16, pattern=r"^[A-Za-z_-]*$")
+    duration: Seconds = 0.0
     segments: list[_Segment]
 
 
 class _Result(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     transcript: _Transcript
-    processing_seconds: float = Field(ge=0)
+    processing_seconds: Seconds
 
 
 class _Failure(BaseModel):
     model_config = ConfigDict(extra="forbid")
     code: str = Field(pattern=r"^[a-z0-9_]{1,64}$")
-    message: str = Field(max_length=2000)
+    message: StorableText = Field(max_length=2000)
 
 
 class _Ready(BaseModel):
     model_config = ConfigDict(extra="forbid")
     runtime: dict[str, Any]
+
+    @field_validator("runtime")
+    @classmethod
+    def _storable(cls, runtime: dict[str, Any]) -> dict[str, Any]:
+        problem = json_problem(runtime, max_depth=4)
+        if problem is not None:
+            raise ValueError(problem)
+        return runtime
 
 
 def _body(model: type[BaseModel]) -> Any:
@@ -138,6 +159,14 @@ def release(worker_id: str, instance_id: str, job_id: str) -> Response:
     return jsonify({"released": service.release_job(services().db, job_id, worker.id)})
 
 
+@internal_bp.post("/workers/<worker_id>/<instance_id>/jobs/<job_id>/status")
+def job_status(worker_id: str, instance_id: str, job_id: str) -> Response:
+    """Polled by a busy worker every few seconds: once it no longer holds the job (cancelled,
+    re-routed, finished elsewhere) it stops transcribing and frees itself."""
+    worker = authenticate_worker(worker_id, instance_id)
+    return jsonify({"held": service.job_held_by(services().db, job_id, worker.id)})
+
+
 @internal_bp.post("/workers/<worker_id>/<instance_id>/heartbeat")
 def heartbeat(worker_id: str, instance_id: str) -> Response:
     """Liveness without usage reports: the fleet deletes workers that miss three in a row."""
@@ -154,6 +183,11 @@ def audio(job_id: str) -> Response:
     if not verify_audio_signature(svc.settings.reveal("signing_key"), job_id, expires, sig):
         raise ApiError(403, "invalid_signature", "the audio URL is invalid or has expired")
     job = service.get_job(svc.db, job_id)
+    # The URL is issued by a claim and serves only that run: once the job has ended, been
+    # cancelled or handed back, nobody holding an old URL may read the audio (the next
+    # claim issues a new one).
+    if job.status != JobStatus.RUNNING.value or job.worker_id is None:
+        raise ApiError(410, "audio_url_expired", "the job is no longer running on a worker")
     if job.audio_key is None:
         raise ApiError(404, "audio_not_found", "the job has no stored audio")
     return send_file(svc.storage.open(job.audio_key), mimetype="application/octet-stream")

@@ -7,7 +7,17 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, Float, Integer, String, Text, UniqueConstraint
+from sqlalchemy import (
+    JSON,
+    DateTime,
+    Float,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.db import Base
@@ -39,7 +49,18 @@ FINISHED_STATES = tuple(s.value for s in JobStatus if s.finished)
 
 class Job(Base):
     __tablename__ = "jobs"
-    __table_args__ = (UniqueConstraint("owner", "idempotency_key", name="uq_jobs_idempotency"),)
+    __table_args__ = (
+        UniqueConstraint("owner", "idempotency_key", name="uq_jobs_idempotency"),
+        # The webhook sweep's query: due webhooks (app/jobs/webhooks.py).
+        Index("ix_jobs_webhook_due", "webhook_status", "webhook_next_at"),
+        # The retention sweep's index (app/jobs/retention.py): only jobs still holding audio.
+        Index(
+            "ix_jobs_audio_expiry",
+            "finished_at",
+            sqlite_where=text("audio_key IS NOT NULL"),
+            postgresql_where=text("audio_key IS NOT NULL"),
+        ),
+    )
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("job"))
     status: Mapped[str] = mapped_column(String(16), index=True, default=JobStatus.QUEUED.value)
@@ -47,6 +68,9 @@ class Job(Base):
     profile: Mapped[str | None] = mapped_column(String(40), index=True)
     owner: Mapped[str] = mapped_column(String(64))  # sha256 of the API token that created it
     idempotency_key: Mapped[str | None] = mapped_column(String(255))
+    # SHA-256 (hex) of the request that used the key: a different request with the same key
+    # is refused (app/jobs/idempotency.py). Null for jobs without a key.
+    idempotency_hash: Mapped[str | None] = mapped_column(String(64))
     source: Mapped[str] = mapped_column(String(8))  # "upload" | "url"
     source_url: Mapped[str | None] = mapped_column(Text)
     audio_key: Mapped[str | None] = mapped_column(String(255))
@@ -58,6 +82,9 @@ class Job(Base):
     word_timestamps: Mapped[bool] = mapped_column(default=False)
     webhook_url: Mapped[str | None] = mapped_column(Text)
     webhook_status: Mapped[str | None] = mapped_column(String(16))
+    # Attempts claimed so far, and when the next is due (or the current one's lease ends).
+    webhook_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    webhook_next_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     worker_id: Mapped[str | None] = mapped_column(String(40))
     error_code: Mapped[str | None] = mapped_column(String(64))
@@ -135,3 +162,8 @@ class ProfileState(Base):
     # After a non-capacity provisioning error (quota, permission, 5xx, timeout) the profile is
     # not retried before this time; unlike back-off, its jobs are NOT re-routed meanwhile.
     retry_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Non-capacity provisioning errors in a row: the wait before `retry_at` doubles with each.
+    consecutive_errors: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Workers of this profile in a row that never became ready (boot timeout, stopped before
+    # booting); at fleet.max_failed_boots the profile is held. Reset by a worker that is ready.
+    consecutive_failed_boots: Mapped[int] = mapped_column(Integer, default=0, server_default="0")

@@ -23,12 +23,30 @@ def _job_id() -> dict[str, Any]:
 def openapi_document() -> dict[str, Any]:
     job_ref = {"$ref": "#/components/schemas/Job"}
     json_job = {"application/json": {"schema": job_ref}}
+    idempotency_key = {
+        "name": "Idempotency-Key",
+        "in": "header",
+        "description": "Replays the job it created; a different request with it is a 422",
+        "schema": {"type": "string", "minLength": 1, "maxLength": 255},
+    }
     upload_props = {
         "file": {"type": "string", "format": "binary"},
         "language": {"type": "string", "example": "en"},
         "prompt": {"type": "string"},
         "word_timestamps": {"type": "boolean"},
         "webhook_url": {"type": "string", "format": "uri"},
+    }
+    readiness = {
+        "application/json": {
+            "schema": {
+                "type": "object",
+                "required": ["status", "checks"],
+                "properties": {
+                    "status": {"type": "string", "enum": ["ok", "unavailable"]},
+                    "checks": {"type": "object", "additionalProperties": {"type": "string"}},
+                },
+            }
+        }
     }
     return {
         "openapi": "3.0.3",
@@ -44,23 +62,27 @@ def openapi_document() -> dict[str, Any]:
                     "Submit audio (multipart upload or JSON URL) for transcription",
                     {
                         "202": {
-                            "description": "Accepted",
+                            "description": "Accepted (or replayed for a reused Idempotency-Key)",
                             "content": json_job,
-                            "headers": {"Location": {"schema": {"type": "string"}}},
+                            "headers": {
+                                "Location": {"required": True, "schema": {"type": "string"}},
+                                "Idempotent-Replayed": {
+                                    "schema": {"type": "string", "enum": ["true"]}
+                                },
+                            },
                         },
                         "400": _ERROR,
                         "401": _ERROR,
                         "413": _ERROR,
                         "415": _ERROR,
+                        "422": {
+                            **_ERROR,
+                            "description": "idempotency_key_reused: the key was used with a "
+                            "different request",
+                        },
                         "503": _ERROR,
                     },
-                    parameters=[
-                        {
-                            "name": "Idempotency-Key",
-                            "in": "header",
-                            "schema": {"type": "string", "maxLength": 255},
-                        }
-                    ],
+                    parameters=[idempotency_key],
                     requestBody={
                         "required": True,
                         "content": {
@@ -94,7 +116,9 @@ def openapi_document() -> dict[str, Any]:
                                 "application/json": {
                                     "schema": {
                                         "type": "object",
+                                        "required": ["object", "data", "next_cursor"],
                                         "properties": {
+                                            "object": {"type": "string", "enum": ["list"]},
                                             "data": {"type": "array", "items": job_ref},
                                             "next_cursor": {"type": "string", "nullable": True},
                                         },
@@ -131,18 +155,29 @@ def openapi_document() -> dict[str, Any]:
                     "Get a job",
                     {
                         "200": {"description": "The job", "content": json_job},
+                        "400": _ERROR,
                         "401": _ERROR,
                         "404": _ERROR,
                     },
                 ),
                 "delete": _op(
-                    "Cancel a job that has not finished",
+                    "Cancel a job that has not finished; with purge=true, remove an ended job",
                     {
                         "200": {"description": "Cancelled", "content": json_job},
+                        "204": {"description": "Purged: audio, transcript and job removed"},
+                        "400": _ERROR,
                         "401": _ERROR,
                         "404": _ERROR,
                         "409": _ERROR,
                     },
+                    parameters=[
+                        {
+                            "name": "purge",
+                            "in": "query",
+                            "schema": {"type": "boolean", "default": False},
+                            "description": "Remove an ended job for good (afterwards: 404)",
+                        }
+                    ],
                 ),
             },
             "/v1/jobs/{job_id}/transcript": {
@@ -177,16 +212,26 @@ def openapi_document() -> dict[str, Any]:
                 "post": _op(
                     "OpenAI-compatible synchronous transcription",
                     {
-                        "200": {"description": "The transcript in response_format"},
+                        "200": {
+                            "description": "The transcript in response_format",
+                            "content": {
+                                "application/json": {},
+                                "text/plain": {},
+                                "application/x-subrip": {},
+                                "text/vtt": {},
+                            },
+                        },
                         "400": _ERROR,
                         "401": _ERROR,
                         "409": _ERROR,
                         "413": _ERROR,
                         "415": _ERROR,
+                        "422": _ERROR,
                         "502": _ERROR,
                         "503": _ERROR,
                         "504": _ERROR,
                     },
+                    parameters=[idempotency_key],
                     requestBody={
                         "required": True,
                         "content": {
@@ -217,13 +262,27 @@ def openapi_document() -> dict[str, Any]:
                     },
                 ),
             },
-            "/healthz": {"get": _op("Liveness", {"200": {"description": "Alive"}}, security=[])},
+            "/healthz": {
+                "get": _op(
+                    "Liveness",
+                    {
+                        "200": {
+                            "description": "Alive",
+                            "content": {"application/json": {"schema": {"type": "object"}}},
+                        }
+                    },
+                    security=[],
+                )
+            },
             "/readyz": {
                 "get": _op(
-                    "Readiness: database and broker",
+                    "Readiness: database, broker and a recently completed fleet reconcile",
                     {
-                        "200": {"description": "Ready"},
-                        "503": {"description": "A dependency failed"},
+                        "200": {"description": "Ready", "content": readiness},
+                        "503": {
+                            "description": "A dependency failed or the control plane stalled",
+                            "content": readiness,
+                        },
                     },
                     security=[],
                 )
@@ -256,18 +315,77 @@ def openapi_document() -> dict[str, Any]:
                 },
                 "Job": {
                     "type": "object",
-                    "required": ["id", "status"],
+                    "required": [
+                        "id",
+                        "object",
+                        "status",
+                        "profile",
+                        "source",
+                        "filename",
+                        "size_bytes",
+                        "duration_seconds",
+                        "language",
+                        "word_timestamps",
+                        "webhook_url",
+                        "webhook_status",
+                        "attempts",
+                        "created_at",
+                        "dispatched_at",
+                        "started_at",
+                        "finished_at",
+                        "processing_seconds",
+                        "error",
+                        "links",
+                    ],
                     "properties": {
                         "id": {"type": "string"},
+                        "object": {"type": "string", "enum": ["transcription.job"]},
                         "status": {"type": "string", "enum": [s.value for s in JobStatus]},
                         "profile": {"type": "string", "nullable": True},
                         "source": {"type": "string", "enum": ["upload", "url"]},
+                        "filename": {
+                            "type": "string",
+                            "nullable": True,
+                            "maxLength": 255,
+                            "description": "The client's file name as display text only",
+                        },
+                        "size_bytes": {"type": "integer", "nullable": True},
                         "duration_seconds": {"type": "number", "nullable": True},
                         "language": {"type": "string", "nullable": True},
-                        "text": {"type": "string"},
+                        "word_timestamps": {"type": "boolean"},
+                        "webhook_url": {"type": "string", "nullable": True},
+                        "webhook_status": {"type": "string", "nullable": True},
+                        "attempts": {"type": "integer", "minimum": 0},
                         "created_at": {"type": "string", "format": "date-time"},
+                        "dispatched_at": {
+                            "type": "string",
+                            "format": "date-time",
+                            "nullable": True,
+                        },
+                        "started_at": {"type": "string", "format": "date-time", "nullable": True},
                         "finished_at": {"type": "string", "format": "date-time", "nullable": True},
-                        "error": {"type": "object", "nullable": True},
+                        "processing_seconds": {"type": "number", "nullable": True},
+                        "error": {
+                            "type": "object",
+                            "nullable": True,
+                            "required": ["code", "message"],
+                            "properties": {
+                                "code": {"type": "string"},
+                                "message": {"type": "string"},
+                            },
+                        },
+                        "links": {
+                            "type": "object",
+                            "required": ["self", "transcript"],
+                            "properties": {
+                                "self": {"type": "string"},
+                                "transcript": {"type": "string"},
+                            },
+                        },
+                        "text": {
+                            "type": "string",
+                            "description": "The transcript's text, once the job succeeded",
+                        },
                     },
                 },
             },

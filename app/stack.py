@@ -1,8 +1,14 @@
-"""The local stack behind `make up` and `make demo`: API, control worker + beat, one process tree.
+"""The local stack behind `make up` and `make demo`: API, control worker, beat, one process tree.
 
 Workers are not started here: the control plane's reconcile starts them through the `local`
 provider when jobs wait, exactly as it would create cloud instances, and deletes them when idle.
 On exit every process this started is stopped and every local worker is deleted.
+
+Supervision: if any process dies (or the broker stops answering), everything is stopped and
+the command exits non-zero, naming it; nothing is restarted. A half stack is worse than none:
+an API without its control worker accepts jobs nobody runs, and an orphaned beat keeps
+sending. A restart would hide a crash the developer needs to see. Each child runs in its own
+process group, and stopping signals the whole group, so nothing it spawned outlives it.
 """
 
 from __future__ import annotations
@@ -14,14 +20,15 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO
 
 import requests
 
 from app.config import ConfigError, check_settings, load_settings
+from app.private_files import private_dir, tighten, write_private_text
 
 ROOT = Path(__file__).resolve().parent.parent
 VAR = ROOT / "var"
@@ -41,6 +48,7 @@ def dev_environment() -> dict[str, str]:
     env = dict(os.environ)
     stored: dict[str, str] = {}
     if SECRETS_FILE.exists():
+        tighten(SECRETS_FILE)  # one copied in, or restored from a backup, with a laxer mode
         for line in SECRETS_FILE.read_text().splitlines():
             key, _, value = line.partition("=")
             stored[key] = value
@@ -53,10 +61,36 @@ def dev_environment() -> dict[str, str]:
             changed = True
         env[name] = stored[name]
     if changed:
-        VAR.mkdir(exist_ok=True)
-        SECRETS_FILE.write_text("".join(f"{k}={v}\n" for k, v in stored.items()))
-        SECRETS_FILE.chmod(0o600)
+        # 0700/0600 from creation: chmod after writing would leave a window, under umask 022,
+        # in which another local user could read the secrets.
+        private_dir(VAR)
+        write_private_text(SECRETS_FILE, "".join(f"{k}={v}\n" for k, v in stored.items()))
     return env
+
+
+def supplied_by_operator(name: str, environ: Mapping[str, str]) -> bool:
+    """Whether the operator set this secret (directly or as a *_FILE path) rather than us."""
+    return bool(environ.get(name) or environ.get(f"{name}_FILE"))
+
+
+def api_token_notice(env: Mapping[str, str], environ: Mapping[str, str], url: str) -> list[str]:
+    """What `make up` / `make demo` print about the API token.
+
+    A token the operator supplied is theirs to know and is never printed (terminal scrollback
+    and CI logs keep it); a generated one is shown, with where it is kept.
+    """
+    if supplied_by_operator("MURMUR_API_TOKEN", environ):
+        return [
+            "API token: the one you supplied (MURMUR_API_TOKEN or MURMUR_API_TOKEN_FILE)",
+            f'  curl -H "Authorization: Bearer $MURMUR_API_TOKEN" '
+            f"-F file=@samples/welcome.wav {url}/v1/jobs",
+        ]
+    token = env["MURMUR_API_TOKEN"].split(",")[0]
+    where = SECRETS_FILE.relative_to(ROOT) if SECRETS_FILE.is_relative_to(ROOT) else SECRETS_FILE
+    return [
+        f"API token: {token}  (generated for this checkout; kept in {where}, mode 0600)",
+        f"  curl -H 'Authorization: Bearer {token}' -F file=@samples/welcome.wav {url}/v1/jobs",
+    ]
 
 
 class _Tail(threading.Thread):
@@ -80,11 +114,17 @@ class _Tail(threading.Thread):
 
 
 class Stack:
-    def __init__(self, env: dict[str, str], echo: tuple[str, ...]) -> None:
+    def __init__(
+        self, env: dict[str, str], echo: tuple[str, ...], logs: Path = VAR / "logs"
+    ) -> None:
         self.env = env
         self.echo = echo
+        self.logs = logs
+        self.url = ""
         self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
-        (VAR / "logs").mkdir(parents=True, exist_ok=True)
+        # Things that are not our children but the stack needs (the broker): name -> "answers?"
+        self.probes: dict[str, Callable[[], bool]] = {}
+        logs.mkdir(parents=True, exist_ok=True)
 
     def start(self, name: str, args: list[str]) -> None:
         proc = subprocess.Popen(
@@ -96,24 +136,75 @@ class Stack:
             start_new_session=True,
         )
         assert proc.stdout is not None
-        _Tail(name, proc.stdout, VAR / "logs" / f"{name}.log", self.echo).start()
+        _Tail(name, proc.stdout, self.logs / f"{name}.log", self.echo).start()
         self.procs.append((name, proc))
 
-    def check_alive(self) -> None:
+    def dead(self) -> str | None:
+        """What stopped, as a sentence, or None while every process runs."""
         for name, proc in self.procs:
             if proc.poll() is not None:
-                raise RuntimeError(f"{name} exited with {proc.returncode}; see var/logs/{name}.log")
+                return f"{name} exited with {proc.returncode}; see {self.logs / name}.log"
+        return None
+
+    def check_alive(self) -> None:
+        problem = self.dead()
+        if problem is not None:
+            raise RuntimeError(problem)
+
+    def watch(self, poll: float = 0.5, probe_every: float = 5.0, probe_failures: int = 3) -> str:
+        """Block until a process dies or a probe fails `probe_failures` times in a row; why."""
+        failures = dict.fromkeys(self.probes, 0)
+        next_probe = time.monotonic() + probe_every
+        while True:
+            problem = self.dead()
+            if problem is not None:
+                return problem
+            if time.monotonic() >= next_probe:
+                next_probe = time.monotonic() + probe_every
+                for name, answers in self.probes.items():
+                    failures[name] = 0 if answers() else failures[name] + 1
+                    if failures[name] >= probe_failures:
+                        return f"{name} stopped answering"
+            time.sleep(poll)
 
     def stop(self) -> None:
         for _name, proc in reversed(self.procs):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
+            _signal_group(proc, signal.SIGTERM)
         for _name, proc in reversed(self.procs):
             try:
                 proc.wait(30)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(5)
+            # Whatever it spawned and left behind (an embedded beat, a pool child) goes too.
+            _signal_group(proc, signal.SIGKILL)
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    """Signal the child's process group (it leads one: start_new_session), if any is left."""
+    with suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+def _broker_answers(url: str) -> Callable[[], bool]:
+    import redis
+
+    client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+
+    def answers() -> bool:
+        try:
+            return bool(client.ping())
+        except redis.RedisError:
+            return False
+
+    return answers
+
+
+def supervise(stack: Stack) -> int:
+    """Run until a process of the stack dies, then say which; the caller stops the rest."""
+    problem = stack.watch()
+    print(f"\n{problem}: stopping the whole stack", flush=True)
+    return 1
 
 
 def _teardown_local_workers(env: dict[str, str]) -> int:
@@ -132,7 +223,7 @@ def _teardown_local_workers(env: dict[str, str]) -> int:
 
 
 @contextmanager
-def running_stack(env: dict[str, str], echo: tuple[str, ...]) -> Iterator[str]:
+def running_stack(env: dict[str, str], echo: tuple[str, ...]) -> Iterator[Stack]:
     try:
         settings = load_settings(env=env)
     except ConfigError as exc:
@@ -145,6 +236,8 @@ def running_stack(env: dict[str, str], echo: tuple[str, ...]) -> Iterator[str]:
     upgrade(settings.database_url)
     url = f"http://{settings.api.host}:{settings.api.port}"
     stack = Stack(env, echo)
+    stack.url = url
+    stack.probes["broker"] = _broker_answers(settings.redis_url)
     py = sys.executable
     try:
         from app.server import gunicorn_args
@@ -164,15 +257,28 @@ def running_stack(env: dict[str, str], echo: tuple[str, ...]) -> Iterator[str]:
                 "worker",
                 "-Q",
                 "control",
-                "-B",
                 "--concurrency",
                 "2",
                 "--loglevel",
                 "INFO",
-                "--schedule",
-                str(VAR / "celerybeat-schedule"),
                 "-n",
                 "control@%h",
+            ],
+        )
+        # Beat on its own, not embedded (-B): supervised like the rest, and never orphaned.
+        stack.start(
+            "beat",
+            [
+                py,
+                "-m",
+                "celery",
+                "-A",
+                "tasks",
+                "beat",
+                "--loglevel",
+                "INFO",
+                "--schedule",
+                str(VAR / "celerybeat-schedule"),
             ],
         )
         deadline = time.monotonic() + 60
@@ -186,7 +292,7 @@ def running_stack(env: dict[str, str], echo: tuple[str, ...]) -> Iterator[str]:
             if time.monotonic() > deadline:
                 raise RuntimeError("the API did not become ready in 60 s; see var/logs/api.log")
             time.sleep(0.3)
-        yield url
+        yield stack
     finally:
         stack.stop()
         deleted = _teardown_local_workers(env)
@@ -199,16 +305,13 @@ FLEET_WORDS = ("fleet", "provision", "out_of_stock", "fallback", "deleted worker
 
 def up() -> int:
     env = dev_environment()
-    with running_stack(env, echo=FLEET_WORDS) as url:
-        token = env["MURMUR_API_TOKEN"].split(",")[0]
+    with running_stack(env, echo=FLEET_WORDS) as stack:
+        url = stack.url
         print(f"Murmur is up at {url}  (logs in var/logs/, Ctrl-C to stop)")
-        print(f"API token: {token}")
-        print(
-            f"  curl -H 'Authorization: Bearer {token}' -F file=@samples/welcome.wav {url}/v1/jobs"
-        )
+        for line in api_token_notice(env, os.environ, url):
+            print(line, flush=True)
         try:
-            while True:
-                time.sleep(1)
+            return supervise(stack)
         except (KeyboardInterrupt, SystemExit):
             print("\nstopping…", flush=True)
     return 0
@@ -220,11 +323,13 @@ def demo(files: list[str]) -> int:
         # The demo's preferred profile is "out of stock" so the fallback can be watched.
         env["MURMUR_CONFIG"] = str(ROOT / "config" / "demo.toml")
         env.setdefault("MURMUR_LOCAL_OUT_OF_STOCK", "local-preferred")
-    token = env["MURMUR_API_TOKEN"].split(",")[0]
-    headers = {"Authorization": f"Bearer {token}"}
-    with running_stack(env, echo=FLEET_WORDS) as url:
+    with running_stack(env, echo=FLEET_WORDS) as stack:
+        url = stack.url
+        # running_stack has validated the settings; the token may come from a *_FILE path.
+        token = load_settings(env=env).api_tokens[0].get_secret_value()
+        headers = {"Authorization": f"Bearer {token}"}
         print(f"Murmur is up at {url}; transcribing {len(files)} file(s)", flush=True)
-        print(f"API token: {token}  (kept in var/dev-secrets.env for `make up`)", flush=True)
+        print(api_token_notice(env, os.environ, url)[0], flush=True)
         for name in files:
             path = Path(name)
             with path.open("rb") as fh:
@@ -241,6 +346,7 @@ def demo(files: list[str]) -> int:
             while job["status"] not in ("succeeded", "failed", "cancelled"):
                 if time.monotonic() > deadline:
                     raise SystemExit(f"{job['id']} still {job['status']} after 300 s")
+                stack.check_alive()
                 time.sleep(0.5)
                 job = requests.get(f"{url}/v1/jobs/{job['id']}", headers=headers, timeout=10).json()
             if job["status"] != "succeeded":

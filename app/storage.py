@@ -5,8 +5,11 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import IO, Protocol
+
+from app.private_files import private_dir
 
 
 class AudioStore(Protocol):
@@ -22,14 +25,19 @@ class AudioStore(Protocol):
 
     def delete(self, key: str) -> None: ...
 
+    def remove_stale_staging(self, max_age_seconds: float) -> int:
+        """Delete staged files older than this (left by a crash mid-upload); how many."""
+
 
 class LocalAudioStore:
     """Audio files in one directory, named by key; writes are atomic renames."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
-        (self.root / ".staging").mkdir(exist_ok=True)
+        # Only the service's user may list or read the audio: directories 0700, and files
+        # 0600 because each starts as a mkstemp file (0600) that is renamed into place.
+        private_dir(self.root)
+        private_dir(self.root / ".staging")
 
     def _path(self, key: str) -> Path:
         if not key or "/" in key or key.startswith("."):
@@ -52,6 +60,18 @@ class LocalAudioStore:
 
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
+
+    def remove_stale_staging(self, max_age_seconds: float) -> int:
+        cutoff = time.time() - max_age_seconds
+        removed = 0
+        for path in (self.root / ".staging").iterdir():
+            try:
+                if path.stat().st_mtime < cutoff:
+                    path.unlink()
+                    removed += 1
+            except FileNotFoundError:  # another sweep, or the upload finishing, got there first
+                continue
+        return removed
 
     def copy_in(self, src: IO[bytes], key: str) -> None:
         staged = self.staging_path()

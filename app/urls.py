@@ -20,6 +20,7 @@ from requests import PreparedRequest, Response
 from requests.adapters import HTTPAdapter
 
 from app.errors import ApiError
+from app.inputs import check_text
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ def check_url(url: str, *, field: str = "url", allow_private: bool = False) -> C
     """Validate the URL's shape and resolve its host; raise ApiError 400 with the reason."""
     if not isinstance(url, str) or len(url) > 2048:
         raise ApiError(400, "invalid_url", f"{field} must be a string of at most 2048 characters")
+    check_text(url, field)  # a NUL or lone surrogate would reach the resolver and the database
     try:
         parts = urlsplit(url)
         port = parts.port

@@ -38,8 +38,15 @@ def bench_env(tmp: Path, port: int) -> dict[str, str]:
 
 
 def gunicorn(
-    app: str, env: dict[str, str], port: int, workers: int = 2, threads: int = 4
+    app: str,
+    env: dict[str, str],
+    port: int,
+    workers: int = 2,
+    threads: int = 4,
+    log: Path | None = None,
 ) -> subprocess.Popen[bytes]:
+    """Serve `app`; its output goes to `log` when given (else to this process's)."""
+    out = log.open("ab") if log is not None else None
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -59,6 +66,8 @@ def gunicorn(
         ],
         env=env,
         cwd=ROOT,
+        stdout=out,
+        stderr=subprocess.STDOUT if out is not None else None,
     )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:

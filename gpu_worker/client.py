@@ -1,4 +1,4 @@
-"""The worker's HTTP client for the control plane: ready, claim, result, failure, audio download.
+"""The worker's HTTP client for the control plane: ready, claim, status, result, failure, audio.
 
 Every call has a bounded timeout. The bearer token goes only to the control plane's
 `/internal/workers/...` endpoints, never to the audio URL, and neither the token nor a
@@ -25,6 +25,8 @@ logging.getLogger("urllib3.connectionpool").setLevel(logging.INFO)
 # (connect, read) seconds. Reads are generous because a result body for a 4-hour file is
 # several MB; the connect timeout keeps a dead control plane from stalling a job.
 DEFAULT_TIMEOUT = (5.0, 60.0)
+# The job-status check runs between segments of a transcription: it must never stall one.
+STATUS_TIMEOUT = (2.0, 3.0)
 # Far above any upload the control plane accepts (25 MiB by default); a guard against a
 # runaway body, not a policy.
 DEFAULT_MAX_AUDIO_BYTES = 1024 * 1024 * 1024
@@ -149,6 +151,13 @@ class ControlPlaneClient:
         )
         return bool(body.get("stored", False))
 
+    def job_held(self, job_id: str) -> bool:
+        """Whether the control plane still has this worker on the job (False once cancelled)."""
+        body = self._post(
+            f"/jobs/{quote(job_id, safe='')}/status", {}, retry=False, timeout=STATUS_TIMEOUT
+        )
+        return bool(body.get("held", True))
+
     def release(self, job_id: str) -> bool:
         """Hand a running job back (draining), so the next worker may claim it at once."""
         body = self._post(f"/jobs/{quote(job_id, safe='')}/release", {}, retry=False)
@@ -206,12 +215,19 @@ class ControlPlaneClient:
             return url
         return f"{self._base}/{url.lstrip('/')}"
 
-    def _post(self, path: str, body: Mapping[str, Any], *, retry: bool) -> dict[str, Any]:
+    def _post(
+        self,
+        path: str,
+        body: Mapping[str, Any],
+        *,
+        retry: bool,
+        timeout: tuple[float, float] | None = None,
+    ) -> dict[str, Any]:
         url = f"{self._base}{self._worker_path}{path}"
         attempts = self._attempts if retry else 1
         for attempt in range(1, attempts + 1):
             try:
-                return self._post_once(url, path, body)
+                return self._post_once(url, path, body, timeout or self._timeout)
             except ControlPlaneUnavailable as exc:
                 if attempt == attempts:
                     raise
@@ -220,10 +236,12 @@ class ControlPlaneClient:
                 self._sleep(delay)
         raise AssertionError("unreachable")  # the loop returns or raises
 
-    def _post_once(self, url: str, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    def _post_once(
+        self, url: str, path: str, body: Mapping[str, Any], timeout: tuple[float, float]
+    ) -> dict[str, Any]:
         headers = {"Authorization": f"Bearer {self._token.get_secret_value()}"}
         try:
-            response = self._session.post(url, json=body, headers=headers, timeout=self._timeout)
+            response = self._session.post(url, json=body, headers=headers, timeout=timeout)
         except requests.RequestException as exc:
             raise ControlPlaneUnavailable(
                 f"POST {path}: no answer from the control plane ({type(exc).__name__})"

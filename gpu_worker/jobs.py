@@ -1,5 +1,9 @@
 """One transcription job, start to finish: claim, download, decode, transcribe, report.
 
+A job the control plane lets go of while it runs (cancelled, re-routed) is stopped between
+segments (gpu_worker/holding.py) and reported as `cancelled`, which frees the worker and is
+never stored as the job's outcome.
+
 Safe to run twice for the same id (acks_late redelivery, a retried task): the claim is the
 state check, a job that is no longer claimable is acknowledged and left alone, and the
 control plane stores a result only once.
@@ -19,8 +23,9 @@ import numpy.typing as npt
 from faster_whisper import decode_audio
 
 from gpu_worker.client import AudioDownloadError, AudioTooLarge, ClaimedJob, ControlPlaneError
+from gpu_worker.holding import CHECK_INTERVAL_SECONDS, CancelWatch, JobCancelled
 from gpu_worker.state import JobEnd, WorkerState
-from gpu_worker.transcriber import SAMPLE_RATE, Transcriber, UnsupportedLanguage
+from gpu_worker.transcriber import SAMPLE_RATE, Checkpoint, Transcriber, UnsupportedLanguage
 from gpu_worker.transcript import Transcript
 
 log = logging.getLogger(__name__)
@@ -30,6 +35,7 @@ class Outcome(enum.StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"  # a failure was reported to the control plane
     NOT_CLAIMABLE = "not_claimable"  # 409 on claim: someone else's, or already finished
+    CANCELLED = "cancelled"  # the control plane let go of the job mid-run: stopped early
 
 
 class DrainDeadlineExceeded(BaseException):
@@ -64,6 +70,8 @@ class ControlPlane(Protocol):
 
     def release(self, job_id: str) -> bool: ...
 
+    def job_held(self, job_id: str) -> bool: ...
+
 
 @dataclass(frozen=True)
 class JobContext:
@@ -72,6 +80,8 @@ class JobContext:
     client: ControlPlane
     transcriber: Transcriber
     state: WorkerState
+    # How often a running job asks whether it is still wanted (gpu_worker/holding.py).
+    cancel_check_seconds: float = CHECK_INTERVAL_SECONDS
 
 
 def process_job(job_id: str, context: JobContext) -> Outcome:
@@ -86,11 +96,19 @@ def process_job(job_id: str, context: JobContext) -> Outcome:
     started = time.monotonic()
     audio_seconds = 0.0
     end: JobEnd = "failed"
+    watch = CancelWatch(context.client, job_id, interval_seconds=context.cancel_check_seconds)
     try:
         try:
             samples = _fetch_audio(context.client, claim)
             audio_seconds = samples.shape[0] / SAMPLE_RATE
-            transcript = _transcribe(context.transcriber, samples, claim)
+            watch()  # a long download or decode may have outlived the job
+            transcript = _transcribe(context.transcriber, samples, claim, watch)
+        except JobCancelled as stop:
+            log.info("job %s: %s; stopped without a result", job_id, stop)
+            # The control plane stores nothing for a job it let go of; the call tells it this
+            # worker is free (docs/worker-protocol.md).
+            context.client.post_failure(job_id, "cancelled", "stopped: the job was cancelled")
+            return Outcome.CANCELLED  # usage reports count it with the failed: not a success
         except JobFailure as failure:
             log.warning("job %s failed: %s: %s", job_id, failure.code, failure.message)
             context.client.post_failure(job_id, failure.code, failure.message)
@@ -148,7 +166,10 @@ def _fetch_audio(client: ControlPlane, claim: ClaimedJob) -> npt.NDArray[np.floa
 
 
 def _transcribe(
-    transcriber: Transcriber, samples: npt.NDArray[np.float32], claim: ClaimedJob
+    transcriber: Transcriber,
+    samples: npt.NDArray[np.float32],
+    claim: ClaimedJob,
+    checkpoint: Checkpoint,
 ) -> Transcript:
     try:
         return transcriber.transcribe(
@@ -156,7 +177,10 @@ def _transcribe(
             language=claim.language,
             prompt=claim.prompt,
             word_timestamps=claim.word_timestamps,
+            checkpoint=checkpoint,
         )
+    except JobCancelled:
+        raise
     except UnsupportedLanguage as exc:
         raise JobFailure("unsupported_language", str(exc)) from None
     except Exception as exc:

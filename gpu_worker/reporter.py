@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import random
 import threading
 import time
@@ -21,6 +22,7 @@ from urllib.parse import quote
 import requests
 from pydantic import SecretStr
 
+from gpu_worker.bounds import MAX_SECONDS
 from gpu_worker.telemetry import (
     GpuSampler,
     HostSampler,
@@ -43,6 +45,14 @@ JITTER = 0.1  # ±10 %: a fleet started together does not report in lock-step
 # later report. Lines left out go with the next report.
 MAX_LOG_LINES_PER_REPORT = 50
 MAX_LOG_BYTES_PER_REPORT = 32 * 1024
+
+
+def _seconds(value: float) -> float:
+    # The control plane refuses a whole report for one NaN or out-of-range number (see
+    # gpu_worker/bounds.py); a broken counter reads as 0 rather than silencing every report.
+    if not math.isfinite(value):
+        return 0.0
+    return min(max(float(value), 0.0), MAX_SECONDS)
 
 
 class ProcessState(Protocol):
@@ -133,14 +143,18 @@ class UsageReporter:
             "process_started_at": round(self.process_started_at, 6),
             "sequence": self._sequence,
             "state": phase,
-            "uptime_seconds": max(snapshot.uptime_seconds, 0.0),
-            "model_load_seconds": snapshot.model_load_seconds,
+            "uptime_seconds": _seconds(snapshot.uptime_seconds),
+            "model_load_seconds": (
+                None
+                if snapshot.model_load_seconds is None
+                else _seconds(snapshot.model_load_seconds)
+            ),
             "transcriptions": {
                 "succeeded": snapshot.jobs_succeeded,
                 "failed": snapshot.jobs_failed,
             },
-            "processing_seconds": max(snapshot.processing_seconds, 0.0),
-            "audio_seconds": max(snapshot.audio_seconds, 0.0),
+            "processing_seconds": _seconds(snapshot.processing_seconds),
+            "audio_seconds": _seconds(snapshot.audio_seconds),
             "host": self._host.sample().to_json(),
             "gpu": self._gpus.sample().to_json(),
         }

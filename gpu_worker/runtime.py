@@ -261,3 +261,20 @@ class _EnvReader:
             self.problems.append(f"{name}: {complaint} (value not shown)")
             return None
         return value
+
+
+# Written by the instance's systemd unit after it pulled the worker image (see
+# app/fleet/cloudinit.py); absent when the worker was not started from an image pull.
+IMAGE_PULL_SECONDS_VAR = "MURMUR_IMAGE_PULL_SECONDS"
+
+
+def image_pull_seconds(env: Mapping[str, str]) -> float | None:
+    """How long the image pull before this start took, or None when unknown or unreadable.
+
+    Informational only (a lifecycle timing): a bad value never stops the worker.
+    """
+    try:
+        seconds = float(env.get(IMAGE_PULL_SECONDS_VAR, ""))
+    except ValueError:
+        return None
+    return round(seconds, 3) if 0 <= seconds < float("inf") else None

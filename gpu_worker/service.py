@@ -13,6 +13,7 @@ hands the running job back immediately.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -27,7 +28,7 @@ from gpu_worker.heartbeat import HEARTBEAT_TIMEOUT, Heartbeat
 from gpu_worker.jobs import DrainDeadlineExceeded, JobContext, Outcome, process_job
 from gpu_worker.preflight import Preflight
 from gpu_worker.reporter import start_usage_reporter
-from gpu_worker.runtime import RuntimeProfile, WorkerIdentity
+from gpu_worker.runtime import RuntimeProfile, WorkerIdentity, image_pull_seconds
 from gpu_worker.state import Phase, WorkerState
 from gpu_worker.transcriber import load_transcriber
 
@@ -133,6 +134,9 @@ def _serve(
         identity.control_url, identity.worker_id, identity.instance_id, identity.token
     )
     runtime = {**preflight.runtime(), "model_load_seconds": round(load_seconds, 3)}
+    pulled = image_pull_seconds(os.environ)
+    if pulled is not None:  # a lifecycle timing the control plane exports per profile
+        runtime["image_pull_seconds"] = pulled
     try:
         client.ready(runtime)
     except RuntimeMismatch as exc:

@@ -11,6 +11,7 @@ import gc
 import importlib
 import importlib.util
 import logging
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -28,6 +29,9 @@ log = logging.getLogger(__name__)
 
 Audio = npt.NDArray[np.float32] | str | Path
 Backend = Literal["faster-whisper", "whisperx"]
+# Called between segments (or batches) of a transcription; raising from it stops the job
+# (gpu_worker/holding.py), so a cancelled job does not hold the worker to the end.
+Checkpoint = Callable[[], None]
 
 SAMPLE_RATE = 16000
 BEAM_SIZE = 5
@@ -52,6 +56,7 @@ class Transcriber(Protocol):
         language: str | None,
         prompt: str | None,
         word_timestamps: bool,
+        checkpoint: Checkpoint | None = None,
     ) -> Transcript: ...
 
     def release_memory(self) -> None:
@@ -131,6 +136,18 @@ def _check_language(language: str | None, multilingual: bool, model_name: str) -
     return "en"
 
 
+def _collect(
+    pieces: Iterable[WhisperSegment], checkpoint: Checkpoint | None
+) -> list[WhisperSegment]:
+    """Run faster-whisper's lazy generator to the end, calling `checkpoint` after each segment."""
+    collected = []
+    for piece in pieces:
+        collected.append(piece)
+        if checkpoint is not None:
+            checkpoint()
+    return collected
+
+
 def _segments_from_faster_whisper(segments: list[WhisperSegment]) -> list[Segment]:
     return [
         Segment(
@@ -194,6 +211,7 @@ class FasterWhisperTranscriber:
         language: str | None,
         prompt: str | None,
         word_timestamps: bool,
+        checkpoint: Checkpoint | None = None,
     ) -> Transcript:
         samples = _as_array(audio)
         language = _check_language(language, self.model.model.is_multilingual, self.model_name)
@@ -216,7 +234,7 @@ class FasterWhisperTranscriber:
         else:
             pieces, info = self.model.transcribe(samples, **options)
         # The generator does the work; materialise it here, inside the timed call.
-        segments = _segments_from_faster_whisper(list(pieces))
+        segments = _segments_from_faster_whisper(_collect(pieces, checkpoint))
         return Transcript(
             text=join_text(segments),
             language=info.language,
@@ -334,6 +352,7 @@ class WhisperXTranscriber:
         language: str | None,
         prompt: str | None,
         word_timestamps: bool,
+        checkpoint: Checkpoint | None = None,
     ) -> Transcript:
         samples = _as_array(audio)
         language = _check_language(language, not self._english_only, self.model_name)
@@ -345,22 +364,31 @@ class WhisperXTranscriber:
             # alignment model baked in is English (a detected language is not known yet):
             # otherwise faster-whisper's cross-attention word timing on the same resident
             # model is the honest fallback.
-            return self._sequential_with_words(samples, language=language, prompt=prompt)
+            return self._sequential_with_words(
+                samples, language=language, prompt=prompt, checkpoint=checkpoint
+            )
 
         # The prompt lives in the pipeline's options; set it per job, reset it after.
         self._pipeline.options = replace(self._base_options, initial_prompt=prompt or None)
+        between_batches: dict[str, Any] = {}
+        if checkpoint is not None:
+            # WhisperX reports progress after every batch; its callback is our checkpoint.
+            between_batches["progress_callback"] = lambda _percent: checkpoint()
         try:
             result = self._pipeline.transcribe(
                 samples,
                 batch_size=self._settings.batch_size,
                 language=language,
                 chunk_size=CHUNK_SECONDS,
+                **between_batches,
             )
         finally:
             self._pipeline.options = self._base_options
         raw_segments: list[dict[str, Any]] = list(result["segments"])
         detected = str(result.get("language") or language or "en")
         if word_timestamps:
+            if checkpoint is not None:
+                checkpoint()
             aligned = self._whisperx.align(
                 raw_segments,
                 self._align_model,
@@ -379,7 +407,12 @@ class WhisperXTranscriber:
         )
 
     def _sequential_with_words(
-        self, samples: npt.NDArray[np.float32], *, language: str | None, prompt: str | None
+        self,
+        samples: npt.NDArray[np.float32],
+        *,
+        language: str | None,
+        prompt: str | None,
+        checkpoint: Checkpoint | None,
     ) -> Transcript:
         pieces, info = self._pipeline.model.transcribe(
             samples,
@@ -390,7 +423,7 @@ class WhisperXTranscriber:
             vad_filter=True,
             condition_on_previous_text=False,
         )
-        segments = _segments_from_faster_whisper(list(pieces))
+        segments = _segments_from_faster_whisper(_collect(pieces, checkpoint))
         return Transcript(
             text=join_text(segments),
             language=info.language,

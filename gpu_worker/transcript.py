@@ -6,14 +6,16 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from gpu_worker.bounds import MeasuredProbability, MeasuredStatistic, Seconds, Token
+
 
 class Word(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     word: str
-    start: float
-    end: float
-    probability: float | None
+    start: Seconds
+    end: Seconds
+    probability: MeasuredProbability
 
 
 class Segment(BaseModel):
@@ -22,14 +24,14 @@ class Segment(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     id: int
-    start: float
-    end: float
+    start: Seconds
+    end: Seconds
     text: str
-    tokens: list[int]
-    avg_logprob: float | None
-    no_speech_prob: float | None
-    compression_ratio: float | None
-    temperature: float | None
+    tokens: list[Token]
+    avg_logprob: MeasuredStatistic
+    no_speech_prob: MeasuredProbability
+    compression_ratio: MeasuredStatistic
+    temperature: MeasuredStatistic
     words: list[Word] | None = None
 
 
@@ -38,7 +40,7 @@ class Transcript(BaseModel):
 
     text: str
     language: str
-    duration: float
+    duration: Seconds
     segments: list[Segment]
 
     def to_json(self) -> dict[str, Any]:

@@ -44,7 +44,24 @@ def celery_config(settings: Settings) -> dict[str, Any]:
                     "queue": CONTROL_QUEUE,
                     "expires": settings.fleet.reconcile_interval_seconds,
                 },
-            }
+            },
+            # Webhook retries are due times in the database, not ETA tasks Redis could lose.
+            "webhooks": {
+                "task": "murmur.control.sweep_webhooks",
+                "schedule": settings.fleet.reconcile_interval_seconds,
+                "options": {
+                    "queue": CONTROL_QUEUE,
+                    "expires": settings.fleet.reconcile_interval_seconds,
+                },
+            },
+            "retention": {
+                "task": "murmur.control.sweep_retention",
+                "schedule": settings.retention.sweep_interval_seconds,
+                "options": {
+                    "queue": CONTROL_QUEUE,
+                    "expires": settings.retention.sweep_interval_seconds,
+                },
+            },
         },
         "timezone": "UTC",
     }
@@ -58,4 +75,4 @@ def make_celery(settings: Settings) -> Celery:
 
 celery_app = make_celery(load_settings())
 # Task modules register themselves on import; the worker imports them at start.
-celery_app.conf.include = ["tasks.jobs", "tasks.control"]
+celery_app.conf.include = ["tasks.jobs", "tasks.control", "tasks.retention"]

@@ -7,8 +7,12 @@ retries. A job is therefore never on two live queues at once, and never lost.
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
+from collections.abc import Collection
 
+import redis
 from celery import Celery
 from sqlalchemy import update
 
@@ -54,8 +58,9 @@ def send_dispatched(db: Database, celery: Celery, job_id: str, profile: str) -> 
 def requeue_job(db: Database, job_id: str, from_profile: str) -> bool:
     """Take a dispatched job back (its profile lost its workers) so it can be routed again.
 
-    The message already on the old queue stays there; a worker that later receives it finds the
-    job no longer dispatched to its profile, and its claim is refused (a no-op).
+    The row only; the caller withdraws the message from the old queue (`withdraw_messages`)
+    before the job is dispatched again. A message that escapes that (a worker holding it
+    already) is harmless: its claim is refused, the job is no longer dispatched to it.
     """
     with db.session() as s:
         moved = rows_changed(
@@ -69,3 +74,60 @@ def requeue_job(db: Database, job_id: str, from_profile: str) -> bool:
             .values(status=JobStatus.QUEUED.value, dispatched_at=None, worker_id=None),
         )
     return bool(moved)
+
+
+# How many messages of one queue a withdrawal reads, at most, and per round trip.
+WITHDRAW_SCAN_LIMIT = 10_000
+_WITHDRAW_CHUNK = 500
+
+
+def _job_of(raw: bytes) -> str | None:
+    """The job id a transcribe message carries (Celery protocol 2 over kombu's Redis transport)."""
+    try:
+        message = json.loads(raw)
+        if message.get("headers", {}).get("task") != TRANSCRIBE_TASK:
+            return None
+        body = message["body"]
+        if message.get("properties", {}).get("body_encoding") == "base64":
+            body = base64.b64decode(body)
+        args = json.loads(body)[0]
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return None
+    return (
+        args[0] if isinstance(args, list) and len(args) == 1 and isinstance(args[0], str) else None
+    )
+
+
+def withdraw_messages(
+    client: redis.Redis,
+    profile: str,
+    job_ids: Collection[str],
+    *,
+    scan_limit: int = WITHDRAW_SCAN_LIMIT,
+) -> int:
+    """Remove the messages of these (re-routed) jobs from `transcribe.<profile>`; how many.
+
+    A stale message would count in the queue depth, which drives scaling and the lost-message
+    rule. Reads from the consuming end (kombu pushes left, pops right), where the oldest
+    messages are, at most `scan_limit` of them; LREM removes only the exact payload, so a
+    message a worker takes meanwhile is simply not found.
+    """
+    wanted = set(job_ids)
+    if not wanted:
+        return 0
+    queue = f"transcribe.{profile}"
+    found: list[bytes] = []
+    end = -1
+    while end >= -scan_limit:
+        chunk = client.lrange(queue, max(end - _WITHDRAW_CHUNK + 1, -scan_limit), end)
+        if not chunk:
+            break
+        for item in reversed(chunk):
+            raw = item if isinstance(item, bytes) else item.encode()
+            if _job_of(raw) in wanted:
+                found.append(raw)  # every copy: an older re-route may have left one too
+        end -= _WITHDRAW_CHUNK
+    removed = 0
+    for raw in found:
+        removed += int(client.lrem(queue, -1, raw))  # type: ignore[arg-type]  # bytes are fine
+    return removed

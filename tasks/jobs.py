@@ -1,4 +1,10 @@
-"""Control-queue tasks of the jobs domain: fetching URL inputs and delivering webhooks."""
+"""Control-queue tasks of the jobs domain: fetching URL inputs and delivering webhooks.
+
+Webhook delivery state lives in the database (app/jobs/webhooks.py): a task queued when a job
+ends makes the first attempt at once and retries itself after each back-off, and the beat's
+sweep attempts every webhook that is due, so a lost task, a lost retry or a broker that lost
+its data delays a webhook by one sweep, never loses it.
+"""
 
 from __future__ import annotations
 
@@ -7,17 +13,21 @@ import hmac
 import json
 import logging
 import time
+from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 import requests
 from celery import Task
+from celery.exceptions import Retry
 from sqlalchemy import update
 
 from app.audio import probe_audio
-from app.db import rows_changed
+from app.config import Settings
+from app.db import Database, rows_changed
 from app.errors import ApiError
-from app.jobs import service
-from app.models import Job, JobStatus
+from app.jobs import service, webhooks
+from app.models import Job, JobStatus, utcnow
 from app.storage import LocalAudioStore
 from app.urls import check_url, pinned_session
 from tasks import context
@@ -28,8 +38,11 @@ log = logging.getLogger(__name__)
 FETCH_TIMEOUT = (5.0, 30.0)  # connect, read (per chunk)
 FETCH_DEADLINE_SECONDS = 300  # the whole download
 WEBHOOK_TIMEOUT = (5.0, 10.0)
-WEBHOOK_MAX_RETRIES = 6  # back-off 2, 4, ... 64 s: about two minutes in all
 SIGNATURE_HEADER = "X-Murmur-Signature"
+# One sweep attempts at most this many webhooks and starts none after this long: with every
+# receiver timing out, a sweep still ends well within a few beat intervals.
+SWEEP_LIMIT = 50
+SWEEP_BUDGET_SECONDS = 60.0
 
 
 def _store() -> LocalAudioStore:
@@ -134,18 +147,74 @@ def sign_webhook(secret: str, timestamp: int, body: bytes) -> str:
 
 
 @celery_app.task(
-    name="murmur.control.deliver_webhook",
-    bind=True,
-    acks_late=True,
-    ignore_result=True,
-    max_retries=WEBHOOK_MAX_RETRIES,
+    name="murmur.control.deliver_webhook", bind=True, acks_late=True, ignore_result=True
 )
 def deliver_webhook(self: Task, job_id: str) -> None:
-    settings = context.settings()
-    db = context.database()
-    job = service.get_job(db, job_id)
-    if not job.webhook_url or job.webhook_status == "delivered":
+    """One attempt at a finished job's webhook, if one is due.
+
+    A failed attempt is tried again when its back-off ends by a retry of this task; should
+    Redis lose that retry, the sweep makes the attempt instead (the claim lets only one send).
+    """
+    settled = attempt_webhook(context.settings(), context.database(), job_id)
+    if settled is None or settled.next_at is None:
         return
+    countdown = max(0.0, (settled.next_at - utcnow()).total_seconds())
+    try:
+        raise self.retry(countdown=countdown, max_retries=None)
+    except Retry:
+        raise
+    except Exception as exc:  # the broker refused the retry: the sweep will make it
+        log.warning("could not schedule the webhook retry for %s: %s", job_id, type(exc).__name__)
+
+
+@celery_app.task(name="murmur.control.sweep_webhooks", ignore_result=True)
+def sweep_webhooks() -> int:
+    """Beat: attempt every due webhook, from the database's state (whatever Redis lost)."""
+    return deliver_due(context.settings(), context.database())
+
+
+def deliver_due(
+    settings: Settings,
+    db: Database,
+    clock: Callable[[], datetime] = utcnow,
+    *,
+    limit: int = SWEEP_LIMIT,
+    budget_seconds: float = SWEEP_BUDGET_SECONDS,
+) -> int:
+    """Attempt due webhooks one after another, within a bounded count and time; attempts made.
+
+    Inline rather than one task each: a sweep every few seconds must not pile duplicate tasks
+    onto a busy control queue, and what it leaves undone is still due for the next sweep.
+    """
+    started = time.monotonic()
+    made = 0
+    for job_id in webhooks.due_webhooks(db, clock(), limit):
+        if time.monotonic() - started > budget_seconds:
+            break
+        if attempt_webhook(settings, db, job_id, clock) is not None:
+            made += 1
+    return made
+
+
+def attempt_webhook(
+    settings: Settings, db: Database, job_id: str, clock: Callable[[], datetime] = utcnow
+) -> webhooks.Settled | None:
+    """Claim, send and settle one attempt; the webhook's new state, or None if none was made."""
+    attempt = webhooks.claim_attempt(db, job_id, clock())
+    if attempt is None:
+        return None  # not due: delivered, failed, waiting for its back-off, or being sent
+    job = service.get_job(db, job_id)
+    ok, reason = _send_webhook(settings, job)
+    settled = webhooks.settle_attempt(db, job_id, attempt, ok, clock())
+    if settled is not None and settled.status == "failed":
+        log.warning("webhook for %s gave up after %d tries (%s)", job_id, attempt, reason)
+    return settled
+
+
+def _send_webhook(settings: Settings, job: Job) -> tuple[bool, str]:
+    """POST the signed summary once; (delivered, why not)."""
+    if not job.webhook_url:
+        return False, "no_webhook_url"
     body = json.dumps(webhook_payload(job), separators=(",", ":")).encode()
     headers = {
         "Content-Type": "application/json",
@@ -164,24 +233,8 @@ def deliver_webhook(self: Task, job_id: str) -> None:
                 timeout=WEBHOOK_TIMEOUT,
                 allow_redirects=False,
             )
-        ok = 200 <= response.status_code < 300
-        reason = f"HTTP {response.status_code}"
+        return 200 <= response.status_code < 300, f"HTTP {response.status_code}"
     except ApiError as err:
-        ok, reason = False, err.code
+        return False, err.code
     except requests.RequestException as exc:
-        ok, reason = False, type(exc).__name__
-    _set_webhook_status(job_id, "delivered" if ok else "retrying")
-    if ok:
-        return
-    if self.request.retries >= WEBHOOK_MAX_RETRIES:
-        log.warning(
-            "webhook for %s gave up after %d tries (%s)", job_id, self.request.retries + 1, reason
-        )
-        _set_webhook_status(job_id, "failed")
-        return
-    raise self.retry(countdown=2 ** (self.request.retries + 1))
-
-
-def _set_webhook_status(job_id: str, status: str) -> None:
-    with context.database().session() as s:
-        s.execute(update(Job).where(Job.id == job_id).values(webhook_status=status))
+        return False, type(exc).__name__

@@ -169,10 +169,22 @@ class LiveApi:
 
 
 @pytest.fixture()
-def live_api(database_url: str, clean_redis: redis.Redis, tmp_path: Path) -> Iterator[LiveApi]:
+def live_api_env() -> dict[str, str]:
+    """Extra MURMUR_* settings for live_api and its processes; a test module may override it."""
+    return {}
+
+
+@pytest.fixture()
+def live_api(
+    database_url: str, clean_redis: redis.Redis, tmp_path: Path, live_api_env: dict[str, str]
+) -> Iterator[LiveApi]:
     """The API served over real HTTP on a free port, in a thread of the test process."""
     port = free_port()
-    env = {"MURMUR_PORT": str(port), "MURMUR_PUBLIC_URL": f"http://127.0.0.1:{port}"}
+    env = {
+        **live_api_env,
+        "MURMUR_PORT": str(port),
+        "MURMUR_PUBLIC_URL": f"http://127.0.0.1:{port}",
+    }
     settings = make_settings(database_url, REDIS_URL, tmp_path, **env)
     settings = settings.model_copy(
         update={"api": settings.api.model_copy(update={"allow_private_urls": True})}

@@ -153,3 +153,66 @@ def test_the_worker_heartbeat_reaches_the_control_plane(live_api: Any) -> None:
         row = s.get(Worker, worker.id)
         assert row is not None and row.last_seen_at is not None
     assert beat("0" * 64) is False  # a forged credential is refused, and the thread goes on
+
+
+RESULT = {"transcript": TRANSCRIPT, "processing_seconds": 1.0}
+
+
+def _jobs_done(db: Database, worker: Worker) -> int:
+    with db.reader() as s:
+        row = s.get(Worker, worker.id)
+        assert row is not None
+        return row.jobs_done
+
+
+def test_a_refused_result_frees_the_worker_but_is_not_counted(client: Any, db: Database) -> None:
+    holder = add_worker(db, state=WorkerState.READY)
+    job_id = submit(client)
+    assert call(client, holder, f"/jobs/{job_id}/claim").status_code == 200
+    assert client.delete(f"/v1/jobs/{job_id}", headers=auth()).status_code == 200
+    late = call(client, holder, f"/jobs/{job_id}/result", RESULT)
+    assert late.get_json() == {"stored": False}
+    failure = call(
+        client, holder, f"/jobs/{job_id}/failure", {"code": "cancelled", "message": "stopped"}
+    )
+    assert failure.get_json() == {"stored": False}
+    assert _jobs_done(db, holder) == 0
+    with db.reader() as s:
+        job = s.get(Job, job_id)
+        assert job is not None and job.status == "cancelled" and job.transcript is None
+        row = s.get(Worker, holder.id)
+        assert row is not None and row.current_job_id is None and row.idle_since is not None
+    # A stored result still counts.
+    other = submit(client)
+    assert call(client, holder, f"/jobs/{other}/claim").status_code == 200
+    stored = call(client, holder, f"/jobs/{other}/result", RESULT)
+    assert stored.get_json() == {"stored": True}
+    assert _jobs_done(db, holder) == 1
+
+
+def _audio_path(client: Any, worker: Worker, job_id: str) -> str:
+    claimed = call(client, worker, f"/jobs/{job_id}/claim")
+    assert claimed.status_code == 200
+    url: str = claimed.get_json()["job"]["audio_url"]
+    return url[url.index("/internal/audio/") :]
+
+
+def test_a_signed_audio_url_stops_working_once_the_job_is_not_running(
+    client: Any, db: Database
+) -> None:
+    worker = add_worker(db, state=WorkerState.READY)
+    finished, cancelled, handed_back = submit(client), submit(client), submit(client)
+
+    path = _audio_path(client, worker, finished)
+    assert client.get(path).status_code == 200
+    assert call(client, worker, f"/jobs/{finished}/result", RESULT).get_json() == {"stored": True}
+    cancelled_path = _audio_path(client, worker, cancelled)
+    assert client.delete(f"/v1/jobs/{cancelled}", headers=auth()).status_code == 200
+    released_path = _audio_path(client, worker, handed_back)
+    assert call(client, worker, f"/jobs/{handed_back}/release").get_json() == {"released": True}
+
+    for stale in (path, cancelled_path, released_path):
+        refused = client.get(stale)
+        assert refused.status_code == 410, stale
+        assert refused.get_json()["error"]["code"] == "audio_url_expired"
+        assert "sig=" not in refused.get_json()["error"]["message"]

@@ -7,13 +7,15 @@ and needs no admin token (whoever can read the config and database already sees 
 from __future__ import annotations
 
 import json
+import signal
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
 import redis
 
-from app.config import ConfigError, load_settings
+from app.config import ConfigError, check_settings, load_settings
 from app.db import Database
 from app.fleet.service import fleet_overview
 from app.models import utcnow
@@ -48,6 +50,8 @@ def render(view: dict[str, Any]) -> str:
     for p in view["profiles"]:
         workers = ", ".join(f"{k}={v}" for k, v in sorted(p["workers"].items())) or "-"
         held = p["backoff_until"] or (f"retry {p['retry_at']}" if p["retry_at"] else "-")
+        if p.get("consecutive_failed_boots"):
+            workers += f" (failed boots: {p['consecutive_failed_boots']})"
         depth = "-" if p["queue_depth"] is None else str(p["queue_depth"])
         lines.append(
             f"{p['name']:<16} {'yes' if p['enabled'] else 'no':<3} {held:<20} {workers:<28} "
@@ -90,3 +94,75 @@ def fleet_command(as_json: bool) -> None:
     finally:
         db.dispose()
     click.echo(json.dumps(view, indent=2) if as_json else render(view))
+
+
+# The bundled sample (a checkout of the repository; the control image has no samples/).
+SMOKE_AUDIO = Path(__file__).resolve().parents[2] / "samples" / "welcome.wav"
+
+
+@click.command("smoke")
+@click.option("--profile", "names", multiple=True, help="Only this profile (repeatable).")
+@click.option(
+    "--timeout",
+    type=float,
+    default=1800.0,
+    show_default=True,
+    help="Seconds from the first request to the last transcript; then everything is deleted.",
+)
+@click.option(
+    "--max-eur",
+    type=float,
+    default=5.0,
+    show_default=True,
+    help="Refuse to start if every worker running for the whole time limit costs more.",
+)
+@click.option(
+    "--audio",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Audio to transcribe (default: samples/welcome.wav).",
+)
+def smoke_command(
+    names: tuple[str, ...], timeout: float, max_eur: float, audio: Path | None
+) -> None:
+    """Start one worker per enabled profile, transcribe a sample, delete everything, check.
+
+    Prints each worker's lifecycle timings and cost; exits 0 only when every profile
+    transcribed and the provider shows nothing left. Ctrl-C deletes what was created.
+    """
+    try:
+        settings = load_settings()
+    except ConfigError as exc:
+        click.echo("configuration problems:\n  - " + "\n  - ".join(exc.problems), err=True)
+        sys.exit(1)
+    problems = check_settings(settings)
+    unknown = [n for n in names if n not in {p.name for p in settings.profiles}]
+    problems += [f"--profile {n}: no such profile" for n in unknown]
+    audio = audio or SMOKE_AUDIO
+    if not audio.is_file():
+        problems.append(f"--audio: {audio} does not exist")
+    if problems:
+        click.echo("cannot run:\n  - " + "\n  - ".join(problems), err=True)
+        sys.exit(1)
+    profiles = [p for p in settings.profiles if (p.name in names if names else p.enabled)]
+    from tasks.fleet import smoke  # builds the Celery app from the config: only once it is valid
+
+    svc = smoke.process_services(settings)
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # the same clean-up as Ctrl-C
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        results = smoke.run_smoke(svc, profiles, audio, timeout=timeout, max_eur=max_eur,
+                                  echo=click.echo)  # fmt: skip
+    except smoke.SmokeRefused as exc:
+        click.echo(f"refused: {exc}", err=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        click.echo("interrupted: everything the smoke test created was deleted", err=True)
+        sys.exit(130)
+    finally:
+        svc.db.dispose()
+    click.echo(smoke.render(results))
+    sys.exit(0 if all(r.ok for r in results) else 1)

@@ -3,23 +3,47 @@
 `worker_environment` is the single source for both providers: the `local` provider passes it to
 a subprocess, the `scaleway` provider wraps it in cloud-init user data. Nothing else secret goes
 in (no API tokens, no signing key, no provider keys); the user data is never logged.
+
+The user data (`render_user_data`) runs the worker on a stock GPU OS image with Docker and the
+NVIDIA container toolkit (docs/deploy-workers.md): a root-only env file, a script that pulls
+the worker image by digest and records how long that took, and a systemd unit that runs the
+container with the GPUs and gives it longer to stop than the worker takes to drain.
 """
 
 from __future__ import annotations
 
-import shlex
-
-from app.config import Profile, Settings
+from app.config import Profile, Settings, worker_image_problem
 from app.credentials import InstanceCredential
 from app.fleet.catalog import SERVER_TYPES
 
 # Scaleway documents no user-data size limit; we keep ours far below the common 16 KiB cap.
 USER_DATA_LIMIT_BYTES = 16 * 1024
 
+PULL_SECONDS_VAR = "MURMUR_IMAGE_PULL_SECONDS"
+DRAIN_TIMEOUT_VAR = "MURMUR_DRAIN_TIMEOUT"
+# The worker's own default (gpu_worker/runtime.py; a test keeps the two in step), written
+# into the env file so the unit's stop timeout and the worker's drain agree.
+WORKER_DRAIN_TIMEOUT_SECONDS = 600.0
+# gpu_worker/service.py's exit status when the control plane refuses the worker's runtime.
+EXIT_RUNTIME_MISMATCH = 3
+STOP_MARGIN_SECONDS = 30
+PULL_TIMEOUT_SECONDS = 1800
+UNIT_NAME = "murmur-worker.service"
+UNIT_FILE = f"/etc/systemd/system/{UNIT_NAME}"
+ENV_FILE = "/etc/murmur/worker.env"
+PULL_SCRIPT = "/usr/local/lib/murmur/pull-worker-image"
+PULL_ENV_FILE = "/run/murmur/pull.env"
+CONTAINER_NAME = "murmur-worker"
+
 
 def worker_environment(
-    settings: Settings, profile: Profile, worker_id: str, instance_id: str
+    settings: Settings,
+    profile: Profile,
+    worker_id: str,
+    instance_id: str,
+    broker_url: str | None = None,
 ) -> dict[str, str]:
+    """The worker's variables; `broker_url` carries its own broker user when it has one."""
     credential = InstanceCredential.derive(settings.reveal("signing_key"), worker_id, instance_id)
     stype = SERVER_TYPES.get(profile.server_type)
     device = "cuda" if stype is not None and stype.gpu is not None else "cpu"
@@ -28,7 +52,7 @@ def worker_environment(
         "MURMUR_INSTANCE_ID": instance_id,
         "MURMUR_WORKER_TOKEN": credential.token,
         "MURMUR_CONTROL_URL": settings.api.public_url.rstrip("/"),
-        "MURMUR_BROKER_URL": settings.worker_broker_url or settings.redis_url,
+        "MURMUR_BROKER_URL": broker_url or settings.worker_broker_url or settings.redis_url,
         "MURMUR_PROFILE": profile.name,
         "MURMUR_MODEL": profile.model,
         "MURMUR_DEVICE": device,
@@ -41,21 +65,94 @@ def worker_environment(
     }
 
 
-def render_user_data(env: dict[str, str]) -> str:
-    """#cloud-config that writes the worker's environment file (root-only) and starts it."""
-    body = "\n".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
-    indented = "\n".join("      " + line for line in body.splitlines())
+def render_user_data(env: dict[str, str], profile: Profile) -> str:
+    """#cloud-config that writes the worker's files and starts its unit (see the docstring).
+
+    The profile names the container (`worker_image`, by digest). `env` is written as a Docker
+    env file, one `KEY=value` per line taken literally, so no value may span lines.
+    """
+    image = profile.worker_image
+    problem = worker_image_problem(image)
+    if problem is not None:
+        raise ValueError(f"profile {profile.name}: worker_image: {problem}")
+    stype = SERVER_TYPES.get(profile.server_type)
+    gpus = stype is not None and stype.gpu is not None
+    env = {DRAIN_TIMEOUT_VAR: f"{WORKER_DRAIN_TIMEOUT_SECONDS:g}", **env}
+    for key, value in env.items():
+        if not key.isidentifier() or any(c in value for c in "\r\n\0"):
+            raise ValueError(f"worker environment: {key} cannot go in an env file")
+    body = "".join(f"{k}={v}\n" for k, v in sorted(env.items()))
     user_data = (
         "#cloud-config\n"
         "write_files:\n"
-        "  - path: /etc/murmur/worker.env\n"
-        "    owner: root:root\n"
-        "    permissions: '0600'\n"
-        "    content: |\n"
-        f"{indented}\n"
-        "runcmd:\n"
-        "  - [systemctl, enable, --now, murmur-worker.service]\n"
+        + _file(ENV_FILE, "0600", body)
+        + _file(PULL_SCRIPT, "0755", _pull_script())
+        + _file(UNIT_FILE, "0644", worker_unit(image, float(env[DRAIN_TIMEOUT_VAR]), gpus))
+        + "runcmd:\n"
+        "  - [systemctl, daemon-reload]\n"
+        f"  - [systemctl, enable, --now, {UNIT_NAME}]\n"
     )
     if len(user_data.encode()) > USER_DATA_LIMIT_BYTES:
         raise ValueError(f"cloud-init user data exceeds {USER_DATA_LIMIT_BYTES} bytes")
     return user_data
+
+
+def _file(path: str, mode: str, content: str) -> str:
+    indented = "".join(f"      {line}\n" for line in content.splitlines())
+    return (
+        f"  - path: {path}\n"
+        "    owner: root:root\n"
+        f"    permissions: '{mode}'\n"
+        "    content: |\n"
+        f"{indented}"
+    )
+
+
+def _pull_script() -> str:
+    return (
+        "#!/bin/sh\n"
+        "# Pull the worker image and write how long it took for the container's environment.\n"
+        "set -eu\n"
+        'out="$1"\n'
+        'image="$2"\n'
+        "start=$(date +%s.%N)\n"
+        'docker pull --quiet "$image" >/dev/null\n'
+        "end=$(date +%s.%N)\n"
+        'seconds=$(awk -v a="$start" -v b="$end" \'BEGIN { printf "%.3f", b - a }\')\n'
+        f'printf \'{PULL_SECONDS_VAR}=%s\\n\' "$seconds" > "$out"\n'
+    )
+
+
+def worker_unit(image: str, drain_seconds: float, gpus: bool) -> str:
+    """The systemd unit that runs the worker container (`image` already checked by digest)."""
+    stop = int(drain_seconds) + STOP_MARGIN_SECONDS  # Docker's SIGKILL comes after the drain
+    gpu_flag = " --gpus all" if gpus else ""
+    return (
+        "[Unit]\n"
+        "Description=Murmur transcription worker\n"
+        "Wants=network-online.target\n"
+        "After=network-online.target docker.service\n"
+        "Requires=docker.service\n"
+        # A failed pull (registry down) is retried until the fleet's boot timeout decides.
+        "StartLimitIntervalSec=0\n"
+        "\n"
+        "[Service]\n"
+        "Type=simple\n"
+        "RuntimeDirectory=murmur\n"
+        f"ExecStartPre=-/usr/bin/docker rm --force {CONTAINER_NAME}\n"
+        f"ExecStartPre={PULL_SCRIPT} {PULL_ENV_FILE} {image}\n"
+        f"ExecStart=/usr/bin/docker run --rm --name {CONTAINER_NAME}{gpu_flag} "
+        f"--env-file {ENV_FILE} --env-file {PULL_ENV_FILE} --stop-timeout {stop} "
+        f"--log-driver journald {image}\n"
+        f"ExecStop=/usr/bin/docker stop --time {stop} {CONTAINER_NAME}\n"
+        # Multi-gigabyte images on a fresh instance take minutes to pull.
+        f"TimeoutStartSec={PULL_TIMEOUT_SECONDS}\n"
+        f"TimeoutStopSec={stop + STOP_MARGIN_SECONDS}\n"
+        "Restart=on-failure\n"
+        "RestartSec=15\n"
+        # The control plane refused this runtime: starting again cannot help.
+        f"RestartPreventExitStatus={EXIT_RUNTIME_MISMATCH}\n"
+        "\n"
+        "[Install]\n"
+        "WantedBy=multi-user.target\n"
+    )

@@ -30,6 +30,12 @@ _STARTING = frozenset({WorkerState.REQUESTED.value, WorkerState.CREATING.value})
 _REPORTING = frozenset({WorkerState.READY.value, WorkerState.DRAINING.value})
 # Provider states meaning "powered off"; the Go SDK spells one of them with spaces.
 STOPPED_STATES = frozenset({"stopped", "stopped in place", "stopped_in_place"})
+# The head of a death reason that is a capacity failure (see MarkDead.capacity).
+STOPPED_BEFORE_BOOT = "out of stock"
+# Why a booting worker is retired before it is ready: nothing waits for it any more.
+NOT_NEEDED = "not needed"
+# The head of the death reason of a worker that never became ready (see MarkDead.failed_boot).
+BOOT_TIMEOUT = "boot timeout"
 _BUDGET_EPSILON = 1e-9
 
 
@@ -103,6 +109,7 @@ class InstanceSnapshot:
     state: str
     worker_id: str | None = None
     profile: str | None = None
+    detail: str = ""  # the provider's word on the state (e.g. "out of stock")
 
 
 @dataclass(frozen=True)
@@ -156,6 +163,12 @@ class MarkBooted:
 class MarkDead:
     worker_id: str
     reason: str
+    # The provider stopped it before it ever booted: out of stock, as if create had said so
+    # (back-off of its profile, fallback to the next).
+    capacity: bool = False
+    # It never became ready within the boot timeout: a failed boot of its profile (counted;
+    # enough in a row hold the profile, see fleet.max_failed_boots).
+    failed_boot: bool = False
 
 
 @dataclass(frozen=True)
@@ -332,16 +345,27 @@ def plan_fleet(state: FleetState) -> FleetPlan:
     # 3. Dispatch waiting jobs to free worker slots, in profile order. A worker runs one job at
     # a time, so a profile takes as many jobs as it has live, idle workers not already promised
     # a job; booting workers count, their jobs wait on the queue until they are ready.
+    # New work prefers the first profile that can take it: past a profile that could still get
+    # a worker, a fallback's ready workers get no new job (an idle one is left to retire); only
+    # its workers still starting take the jobs they were created for, as they are paid anyway.
     waiting = state.queued + len(requeues)
     pool = list(dict.fromkeys([r.job_id for r in requeues] + list(state.dispatchable)))
     dispatches: list[Dispatch] = []
     dispatch_left = rules.max_dispatch
     spare_slots = 0
+    reached: set[str] = set()  # profiles whose ready workers may take new jobs this round
+    preferred_open = False  # a profile before this one could still get a worker
     for p in state.profiles:
         t = tallies[p.name]
         if not p.enabled:
             continue
         free = sum(1 for w in t.workers if w.state in _SERVING and not w.busy) - t.dispatched
+        if preferred_open:
+            # Jobs already on its queue go to its ready workers first.
+            booting = sum(1 for w in t.workers if w.state in _SERVING - {"ready"} and not w.busy)
+            free = min(free, booting)
+        else:
+            reached.add(p.name)
         n = max(0, min(free, len(pool), dispatch_left))
         dispatches.extend(Dispatch(job_id, p.name) for job_id in pool[:n])
         del pool[:n]
@@ -351,6 +375,7 @@ def plan_fleet(state: FleetState) -> FleetPlan:
         # Slots left free only because this round offered no more ids: they take jobs next
         # round, so nobody provisions a worker for those jobs.
         spare_slots += max(0, free - n)
+        preferred_open = preferred_open or _can_grow(p, t, current_eur, rules, now)
     waiting = max(0, waiting)
 
     # 4. Provision for what still waits: the first profile, in order, that can get a worker.
@@ -390,13 +415,24 @@ def plan_fleet(state: FleetState) -> FleetPlan:
         return added
 
     # Jobs already on a profile's queue (the API dispatches at once to a warm profile) beyond
-    # its free workers need more workers of that same profile; they wait otherwise.
+    # its free workers need more workers of that same profile; they wait otherwise. A fallback
+    # grows only while every profile before it is unavailable: once the preferred one can get
+    # a worker again, the fallback's queue waits for the workers it has.
+    preferred: str | None = None  # an earlier profile that could still get a worker
     for p in state.profiles:
         t = tallies[p.name]
         free = sum(1 for w in t.workers if w.state in _SERVING and not w.busy)
         backlog = max(0, t.dispatched - free)
         if backlog and t.status == "ok":
-            add_workers(p, min(backlog, p.max_workers - t.live))
+            if preferred is None:
+                add_workers(p, min(backlog, p.max_workers - t.live))
+            else:
+                held_back.append(
+                    f"{p.name}: not grown for the {backlog} job(s) on its queue; "
+                    f"{preferred} is preferred and available again"
+                )
+        if preferred is None and p.enabled and _can_grow(p, t, planned_eur, rules, now):
+            preferred = p.name
 
     for p in state.profiles:
         if unmet == 0:
@@ -434,9 +470,23 @@ def plan_fleet(state: FleetState) -> FleetPlan:
 
     # 5. Tear down free workers that are drained, idle too long, or serve a profile that is
     # disabled or gone, keeping enough of them to take the jobs already on their queue.
+    # A booting worker costs as much as a ready one: once nothing waits for it (its job was
+    # cancelled, other workers took the work) it is retired now, not at the boot timeout.
     for name, t in tallies.items():
         prof = profiles.get(name)
         usable = prof is not None and prof.enabled
+        free_ready_count = sum(1 for w in t.workers if w.state == "ready" and not w.busy)
+        booting_free = sorted(
+            (w for w in t.workers if w.state == WorkerState.BOOTING.value and not w.busy),
+            key=lambda w: (w.requested_at, w.id),  # keep the oldest: nearest to ready
+        )
+        # While jobs wait unassigned, a free booting worker takes one next round (keep it);
+        # a disabled profile's worker gets none of them.
+        wanted = max(0, t.dispatched - free_ready_count) if waiting == 0 or not usable else None
+        if wanted is not None and len(booting_free) > wanted:
+            retired = {w.id for w in booting_free[wanted:]}
+            teardown.extend(Delete(w.id, NOT_NEEDED) for w in booting_free[wanted:])
+            t.workers = [w for w in t.workers if w.id not in retired]
         starting_free = sum(
             1 for w in t.workers if w.state in _SERVING and w.state != "ready" and not w.busy
         )
@@ -457,7 +507,7 @@ def plan_fleet(state: FleetState) -> FleetPlan:
                 teardown.append(
                     Delete(w.id, "profile disabled" if prof is not None else "profile removed")
                 )
-            elif waiting == 0 and now - _idle_ref(w) >= rules.idle_timeout:
+            elif (waiting == 0 or name not in reached) and now - _idle_ref(w) >= rules.idle_timeout:
                 teardown.append(Delete(w.id, "idle"))
 
     # 6. Instances nobody owns: unknown worker, or a worker that no longer claims them.
@@ -471,7 +521,15 @@ def plan_fleet(state: FleetState) -> FleetPlan:
         and i.worker_id not in starting
     ]
 
-    marks: list[Action] = [MarkDead(wid, reason) for wid, reason in dead.items()]
+    marks: list[Action] = [
+        MarkDead(
+            wid,
+            reason,
+            capacity=reason.startswith(STOPPED_BEFORE_BOOT),
+            failed_boot=reason.startswith(BOOT_TIMEOUT),
+        )
+        for wid, reason in dead.items()
+    ]
     deaths: list[Action] = [Delete(wid, _short(reason) or "dead") for wid, reason in dead.items()]
     actions: tuple[Action, ...] = (
         *booted,
@@ -517,6 +575,17 @@ def _availability(p: ProfileSnapshot, now: datetime) -> str:
     if p.retry_at is not None and now < p.retry_at:
         return "held"
     return "ok"
+
+
+def _can_grow(
+    p: ProfileSnapshot, t: _Tally, hourly_eur: float, rules: FleetRules, now: datetime
+) -> bool:
+    """Whether `p` could get one more worker now: available, under max_workers and budget."""
+    return (
+        _availability(p, now) == "ok"
+        and t.live + t.new < p.max_workers
+        and hourly_eur + p.hourly_cost_eur <= rules.max_hourly_eur + _BUDGET_EPSILON
+    )
 
 
 def _idle_ref(w: WorkerSnapshot) -> datetime:
@@ -567,10 +636,20 @@ def _death(
         return "instance gone: the provider no longer lists it"
     if inst is not None and inst.state in STOPPED_STATES and w.booted_at is not None:
         return f"instance stopped: the provider reports it {inst.state}"
+    if (
+        inst is not None
+        and inst.state in STOPPED_STATES
+        and w.state == WorkerState.BOOTING.value
+        and w.ready_at is None
+    ):
+        # Powered on, never booted, stopped again: Scaleway's asynchronous out-of-stock.
+        said = f"{inst.state}, {inst.detail}" if inst.detail else inst.state
+        return f"{STOPPED_BEFORE_BOOT}: the provider stopped it before it booted ({said})"
     if w.state == WorkerState.BOOTING.value:
         age = _age(now, w.requested_at)
         if age is not None and age > rules.boot_timeout:
-            return f"boot timeout: not ready {_fmt(age)} after it was requested"
+            seen = f" (the provider reports it {inst.state})" if inst is not None else ""
+            return f"{BOOT_TIMEOUT}: not ready {_fmt(age)} after it was requested{seen}"
         return None
     if silence_limit is not None:
         silent = now - _last_heard(w, state)

@@ -10,9 +10,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from sqlalchemy import update
+
 from app.config import Profile
 from app.fleet.catalog import SERVER_TYPES, supported_compute_types
-from app.models import Worker, WorkerState
+from app.models import ProfileState, Worker, WorkerState
 
 # The runtime fields that must equal the profile's (docs/worker-protocol.md, "Runtime").
 COMPARED_FIELDS = ("model", "compute_type", "vad", "alignment_device", "batch_size")
@@ -97,6 +99,12 @@ def mark_ready(session: Any, worker: Worker, runtime: dict[str, Any], now: datet
         return
     if worker.ready_at is None:
         worker.ready_at = now
+        # Its profile boots: the count of failed boots in a row (tasks/fleet/apply.py) restarts.
+        session.execute(
+            update(ProfileState)
+            .where(ProfileState.name == worker.profile, ProfileState.consecutive_failed_boots > 0)
+            .values(consecutive_failed_boots=0)
+        )
     # The provider may not have been polled since it came up; a worker that answers has booted.
     if worker.booted_at is None:
         worker.booted_at = now

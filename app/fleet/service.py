@@ -133,6 +133,8 @@ def fleet_overview(
                 "hourly_cost_eur": p.hourly_cost_eur,
                 "backoff_until": _iso(backoff) if backoff and backoff > now else None,
                 "consecutive_stockouts": st.consecutive_stockouts if st else 0,
+                # Workers in a row that never became ready (held at fleet.max_failed_boots).
+                "consecutive_failed_boots": st.consecutive_failed_boots or 0 if st else 0,
                 "retry_at": _iso(retry) if retry and retry > now else None,
                 "availability": st.availability if st else None,
                 "last_error": st.last_error if st else None,

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
+
+from gpu_worker.bounds import MAX_SECONDS, finite_or_none
 
 FORMATS = ("json", "verbose_json", "txt", "text", "srt", "vtt")
 
@@ -17,8 +20,15 @@ MEDIA_TYPES = {
 }
 
 
+def _seconds(value: Any) -> float:
+    """A stored time as a finite number of seconds in range (a bad stored row reads as 0)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return 0.0
+    return min(max(float(value), 0.0), MAX_SECONDS)
+
+
 def _clock(seconds: float, separator: str) -> str:
-    millis = max(0, round(seconds * 1000))
+    millis = round(_seconds(seconds) * 1000)
     hours, millis = divmod(millis, 3_600_000)
     minutes, millis = divmod(millis, 60_000)
     secs, millis = divmod(millis, 1000)
@@ -72,7 +82,7 @@ def to_verbose_json(transcript: dict[str, Any], *, words: bool = True) -> dict[s
         "duration": transcript.get("duration", 0.0),
         "text": transcript.get("text", ""),
         "segments": segments,
-        "usage": {"type": "duration", "seconds": round(float(transcript.get("duration", 0.0)))},
+        "usage": {"type": "duration", "seconds": round(_seconds(transcript.get("duration")))},
     }
     if words and all_words:
         body["words"] = all_words
@@ -84,7 +94,8 @@ def render(transcript: dict[str, Any], fmt: str) -> tuple[str, str]:
     if fmt == "json":
         body = json.dumps({"text": transcript.get("text", "")})
     elif fmt == "verbose_json":
-        body = json.dumps(to_verbose_json(transcript))
+        # allow_nan=False: a stored non-finite number is written as null, never as NaN.
+        body = json.dumps(finite_or_none(to_verbose_json(transcript)), allow_nan=False)
     elif fmt in ("txt", "text"):
         body = transcript.get("text", "").strip() + "\n"
     elif fmt == "srt":

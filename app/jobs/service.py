@@ -16,7 +16,7 @@ from typing import Any
 
 import redis
 from celery import Celery
-from sqlalchemy import and_, delete, or_, select, update
+from sqlalchemy import and_, delete, literal, or_, select, union, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -24,6 +24,7 @@ from app.auth import WorkerCaller
 from app.config import Settings
 from app.db import Database, rows_changed
 from app.errors import ApiError
+from app.inputs import text_problem
 from app.models import (
     FINISHED_STATES,
     LIVE_WORKER_STATES,
@@ -34,6 +35,7 @@ from app.models import (
     utcnow,
 )
 from app.observability import record_job_finished
+from gpu_worker.bounds import finite_or_none
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +54,7 @@ class JobRequest:
     idempotency_key: str | None = None
     source_url: str | None = None
     filename: str | None = None
+    request_hash: str | None = None  # app/jobs/idempotency.py; set with idempotency_key
 
 
 def _as_utc(value: datetime | None) -> datetime | None:
@@ -74,7 +77,9 @@ def job_json(job: Job) -> dict[str, Any]:
         "source": job.source,
         "filename": job.filename,
         "size_bytes": job.size_bytes,
-        "duration_seconds": job.duration_seconds,
+        # A row stored before the wire types refused non-finite numbers reads as null, so
+        # neither the API nor a webhook body ever holds NaN or Infinity.
+        "duration_seconds": finite_or_none(job.duration_seconds),
         "language": job.language,
         "word_timestamps": job.word_timestamps,
         "webhook_url": job.webhook_url,
@@ -84,7 +89,7 @@ def job_json(job: Job) -> dict[str, Any]:
         "dispatched_at": _iso(job.dispatched_at),
         "started_at": _iso(job.started_at),
         "finished_at": _iso(job.finished_at),
-        "processing_seconds": job.processing_seconds,
+        "processing_seconds": finite_or_none(job.processing_seconds),
         "error": (
             {"code": job.error_code, "message": job.error_message} if job.error_code else None
         ),
@@ -125,6 +130,7 @@ def insert_job(
         webhook_url=req.webhook_url,
         webhook_status="pending" if req.webhook_url else None,
         idempotency_key=req.idempotency_key,
+        idempotency_hash=req.request_hash,
         status=JobStatus.QUEUED.value,
         **fields,
     )
@@ -172,19 +178,31 @@ def routable_profile(session: Session, settings: Settings, now: datetime) -> str
     """The first enabled profile, in allowlist order, that has a live worker and no back-off.
 
     Submissions use it to dispatch at once when a worker is warm; everything else waits for the
-    reconcile, which provisions workers and re-routes.
+    reconcile, which provisions workers and re-routes. A profile without a live worker that
+    could get one (no back-off, no hold, max_workers above 0) stops the walk: new work prefers
+    it, so a later fallback's warm worker does not keep the job (app.fleet.planner does the
+    same).
     """
-    backed_off = select(ProfileState.name).where(ProfileState.backoff_until > now)
-    live = set(
-        session.execute(
-            select(Worker.profile)
-            .where(Worker.state.in_(LIVE_WORKER_STATES), Worker.profile.not_in(backed_off))
-            .distinct()
-        ).scalars()
-    )
+    # One round trip on the submission path: (profile, fact) pairs.
+    facts = {
+        (str(name), str(fact))
+        for name, fact in session.execute(
+            union(
+                select(Worker.profile, literal("live")).where(Worker.state.in_(LIVE_WORKER_STATES)),
+                select(ProfileState.name, literal("backoff")).where(
+                    ProfileState.backoff_until > now
+                ),
+                select(ProfileState.name, literal("held")).where(ProfileState.retry_at > now),
+            )
+        )
+    }
     for profile in settings.enabled_profiles:
-        if profile.name in live:
+        if (profile.name, "backoff") in facts:
+            continue
+        if (profile.name, "live") in facts:
             return profile.name
+        if profile.max_workers > 0 and (profile.name, "held") not in facts:
+            return None
     return None
 
 
@@ -353,6 +371,13 @@ def record_heartbeat(db: Database, worker_id: str) -> None:
         s.execute(update(Worker).where(Worker.id == worker_id).values(last_seen_at=utcnow()))
 
 
+def job_held_by(db: Database, job_id: str, worker_id: str) -> bool:
+    """Whether the job is still running on this worker; a worker that hears no stops at once."""
+    with db.reader() as s:
+        job = s.get(Job, job_id)
+    return job is not None and job.status == JobStatus.RUNNING.value and job.worker_id == worker_id
+
+
 def release_job(db: Database, job_id: str, worker_id: str) -> bool:
     """A draining worker hands a running job back: it becomes claimable by the next worker."""
     with db.session() as s:
@@ -367,7 +392,12 @@ def release_job(db: Database, job_id: str, worker_id: str) -> bool:
     return bool(moved)
 
 
-def _release_worker(db: Database, worker_id: str, job_id: str) -> None:
+def _release_worker(db: Database, worker_id: str, job_id: str, *, counted: bool) -> None:
+    """The worker is done with the job (it says so): free it; count the job only if `counted`.
+
+    A refused word (the job was cancelled, re-routed or already finished) still frees the
+    worker, but did nothing, so it must not grow `jobs_done`.
+    """
     now = utcnow()
     with db.session() as s:
         worker = s.get(Worker, worker_id)
@@ -376,7 +406,8 @@ def _release_worker(db: Database, worker_id: str, job_id: str) -> None:
         if worker.current_job_id == job_id:
             worker.current_job_id = None
             worker.idle_since = now
-        worker.jobs_done = (worker.jobs_done or 0) + 1
+        if counted:
+            worker.jobs_done = (worker.jobs_done or 0) + 1
         worker.last_seen_at = now
 
 
@@ -397,7 +428,7 @@ def store_result(
             "error_message": None,
         },
     )
-    _release_worker(db, worker_id, job_id)
+    _release_worker(db, worker_id, job_id, counted=stored)
     return stored
 
 
@@ -413,7 +444,7 @@ def store_failure(db: Database, job_id: str, worker_id: str, code: str, message:
             "error_message": message,
         },
     )
-    _release_worker(db, worker_id, job_id)
+    _release_worker(db, worker_id, job_id, counted=stored)
     return stored
 
 
@@ -478,6 +509,9 @@ def cursor_decode(value: str) -> tuple[datetime, str]:
         created, job_id = json.loads(base64.urlsafe_b64decode(padded.encode()))
         parsed = _as_utc(datetime.fromisoformat(created))
         assert parsed is not None
-        return parsed, str(job_id)
-    except (ValueError, TypeError, AssertionError) as exc:
+        # Checked here, not by assert: the id reaches SQL, and PostgreSQL refuses a NUL.
+        if not isinstance(job_id, str) or text_problem(job_id) is not None:
+            raise ValueError("not a job id")
+        return parsed, job_id
+    except (ValueError, TypeError, AssertionError, RecursionError) as exc:
         raise ApiError(400, "invalid_cursor", "cursor is not one this API returned") from exc

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,8 @@ from app.audio import probe_audio
 from app.auth import require_api_token
 from app.context import Services, services
 from app.errors import ApiError
-from app.jobs import service
+from app.inputs import check_text, display_filename, request_json
+from app.jobs import idempotency, retention, service
 from app.jobs.formats import FORMATS, render
 from app.jobs.waiting import client_socket, sync_slots, wait_for_job
 from app.languages import WHISPER_LANGUAGES, is_english_only
@@ -72,7 +74,7 @@ def _text(value: Any, name: str, limit: int) -> str | None:
         raise ApiError(
             400, "invalid_parameter", f"{name} must be a string of at most {limit} characters"
         )
-    return value
+    return check_text(value, name, free_text=True)
 
 
 def _webhook(value: Any, svc: Services) -> str | None:
@@ -126,7 +128,9 @@ def _save_upload(svc: Services, upload: FileStorage) -> tuple[Path, int, float]:
 def _form_upload(svc: Services, allowed_fields: set[str]) -> tuple[FileStorage, dict[str, Any]]:
     unknown = set(request.form) - allowed_fields
     if unknown:
-        raise ApiError(400, "unknown_field", f"unknown form field(s): {', '.join(sorted(unknown))}")
+        # A part whose name werkzeug could not read is keyed None: name it, do not sort on it.
+        names = ", ".join(sorted(str(name) for name in unknown))
+        raise ApiError(400, "unknown_field", f"unknown form field(s): {names}")
     upload = request.files.get("file")
     if upload is None:
         raise ApiError(400, "missing_file", "send the audio as a multipart form field named 'file'")
@@ -144,21 +148,35 @@ def create_upload_job(
         word_timestamps=_flag(fields.get("word_timestamps"), "word_timestamps"),
         webhook_url=_webhook(fields.get("webhook_url"), svc),
         idempotency_key=key,
-        filename=(upload.filename or "")[:255] or None,
+        filename=display_filename(upload.filename),
     )
     if key is not None:
+        req = replace(
+            req, request_hash=idempotency.fingerprint(req, idempotency.upload_digest(upload))
+        )
         existing = service.find_idempotent(svc.db, owner, key)
         if existing is not None:
-            return service.job_json(existing), False
+            return service.job_json(idempotency.replay(existing, req.request_hash)), False
     staged, size, duration = _save_upload(svc, upload)
     audio_key = staged.name + ".audio"
-    svc.storage.commit(staged, audio_key)
-    job, created = service.insert_job(
-        svc.db, req, svc.settings, audio_key=audio_key, size_bytes=size, duration_seconds=duration
-    )
+    try:
+        svc.storage.commit(staged, audio_key)
+        job, created = service.insert_job(
+            svc.db,
+            req,
+            svc.settings,
+            audio_key=audio_key,
+            size_bytes=size,
+            duration_seconds=duration,
+        )
+    except BaseException:
+        # No row refers to the audio: a refused or failed insert must not leave it behind.
+        staged.unlink(missing_ok=True)
+        svc.storage.delete(audio_key)
+        raise
     if not created:
         svc.storage.delete(audio_key)
-        return service.job_json(job), False
+        return service.job_json(idempotency.replay(job, req.request_hash)), False
     if job.status == JobStatus.DISPATCHED.value and job.profile is not None:
         from tasks.dispatch import send_dispatched
 
@@ -185,9 +203,13 @@ def _create_url_job(
         word_timestamps=_flag(body.get("word_timestamps"), "word_timestamps"),
         webhook_url=_webhook(body.get("webhook_url"), svc),
         idempotency_key=key,
-        filename=Path(checked.url.split("?", 1)[0]).name[:255] or None,
+        filename=display_filename(checked.url.split("?", 1)[0]),
     )
+    if key is not None:
+        req = replace(req, request_hash=idempotency.fingerprint(req))
     job, created = service.insert_job(svc.db, req)
+    if not created:
+        idempotency.replay(job, req.request_hash)
     if created:
         try:
             svc.celery.send_task(
@@ -212,7 +234,7 @@ def create_job() -> Response:
     svc = services()
     key = _idempotency_key()
     if request.mimetype == "application/json":
-        body = request.get_json(silent=True)
+        body = request_json()
         if not isinstance(body, dict):
             raise ApiError(400, "invalid_json", "the request body is not a JSON object")
         job, created = _create_url_job(svc, body, g.owner, key)
@@ -267,6 +289,9 @@ def list_jobs() -> Response:
 @require_api_token
 def cancel_job(job_id: str) -> Response:
     svc = services()
+    if _flag(request.args.get("purge"), "purge"):
+        retention.purge_job(svc.db, svc.storage, job_id, g.owner)
+        return Response(status=204)
     job = service.cancel_job(svc.db, job_id, g.owner)
     service.announce_finished(svc.redis, svc.celery, job)
     return jsonify(service.job_json(job))

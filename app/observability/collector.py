@@ -33,7 +33,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from app.config import Settings
 from app.db import Database
-from app.models import FINISHED_STATES, Job, JobStatus, Worker, WorkerState
+from app.models import FINISHED_STATES, Job, JobStatus, ProfileState, Worker, WorkerState
 from app.observability import store
 from app.observability.exposition import SeriesFamily, encode_text
 from app.observability.schema import MISSING_REASONS
@@ -55,6 +55,9 @@ class LifecyclePhase:
     # Teardown is only a measurement when there was an instance to delete: a creation that
     # failed outright is marked deleted at once.
     needs_instance: bool = False
+    # Seconds the worker measured and reported in its runtime under this key (end - start
+    # otherwise).
+    runtime_key: str | None = None
 
 
 LIFECYCLE_PHASES = (
@@ -88,6 +91,13 @@ LIFECYCLE_PHASES = (
         Worker.delete_requested_at,
         Worker.deleted_at,
         needs_instance=True,
+    ),
+    LifecyclePhase(
+        "murmur_worker_image_pull_seconds",
+        "Worker lifecycle: the instance pulling the worker image (part of booted -> ready).",
+        None,
+        None,
+        runtime_key="image_pull_seconds",
     ),
 )
 
@@ -199,12 +209,25 @@ class MurmurCollector:
                 select(
                     Worker.profile,
                     Worker.instance_id.is_not(None),
-                    *(_seconds_between(dialect, ph.start, ph.end) for ph in LIFECYCLE_PHASES),
+                    *(
+                        Worker.runtime[ph.runtime_key].as_float()
+                        if ph.runtime_key is not None
+                        else _seconds_between(dialect, ph.start, ph.end)
+                        for ph in LIFECYCLE_PHASES
+                    ),
                 )
             ).all()
             job_rows = conn.execute(
                 select(Job.profile, Job.status, func.count(), func.min(Job.created_at)).group_by(
                     Job.profile, Job.status
+                )
+            ).all()
+            learned = conn.execute(
+                select(
+                    ProfileState.name,
+                    ProfileState.consecutive_failed_boots,
+                    ProfileState.retry_at,
+                    ProfileState.backoff_until,
                 )
             ).all()
         shared = store.read_shared_state(
@@ -214,6 +237,7 @@ class MurmurCollector:
         )
         yield from self._jobs(job_rows, profiles, shared, now)
         yield from self._fleet(workers, profiles, shared, now)
+        yield from self._profile_holds(learned, profiles, now)
         yield from self._lifecycle(durations, profiles)
         yield from self._workers(workers, shared, now)
         yield from self._reporting(shared)
@@ -390,6 +414,60 @@ class MurmurCollector:
         for (profile, outcome), count in sorted(attempt_counts.items()):
             attempts.add_metric([profile, outcome], float(count))
         yield from (by_state, cost, planned, plan_recorded, budget, pending, attempts)
+        yield from self._control_plane(shared, now)
+
+    def _control_plane(self, shared: store.SharedState, now: float) -> Iterator[Metric]:
+        age = GaugeMetricFamily(
+            "murmur_fleet_reconcile_age_seconds",
+            "Seconds since a reconcile last completed: the control plane's liveness (no "
+            "sample until one ever completed).",
+        )
+        if shared.last_reconciled is not None:
+            age.add_metric([], max(now - shared.last_reconciled, 0.0))
+        bound = GaugeMetricFamily(
+            "murmur_fleet_reconcile_stale_seconds",
+            "The configured age above which /readyz reports the control plane stalled.",
+            value=self._settings.fleet.reconcile_stale_seconds,
+        )
+        yield from (age, bound)
+
+    def _profile_holds(
+        self, rows: Sequence[Any], profiles: list[str], now: float
+    ) -> Iterator[Metric]:
+        """Why a profile gets no new worker: failed boots in a row, a hold, a back-off."""
+        failed = GaugeMetricFamily(
+            "murmur_fleet_profile_failed_boots",
+            "Workers of the profile in a row that never became ready (reset by a ready one).",
+            labels=["profile"],
+        )
+        limit = GaugeMetricFamily(
+            "murmur_fleet_max_failed_boots",
+            "Failed boots in a row after which a profile gets no new worker for a while.",
+            value=float(self._settings.fleet.max_failed_boots),
+        )
+        held = GaugeMetricFamily(
+            "murmur_fleet_profile_held",
+            "1 while the profile gets no new worker: `backoff` after an out-of-stock, `error` "
+            "after another provisioning error, `failed_boots` after too many failed boots.",
+            labels=["profile", "reason"],
+        )
+        by_name = {r[0]: r for r in rows}
+        for name in profiles:
+            row = by_name.get(name)
+            boots = int(row[1] or 0) if row is not None else 0
+            retry = row[2] if row is not None else None
+            backoff = row[3] if row is not None else None
+            failed.add_metric([name], float(boots))
+            # retry_at holds after an error and after failed boots; the count tells which.
+            boot_hold = boots >= self._settings.fleet.max_failed_boots
+            for reason, until, applies in (
+                ("backoff", backoff, True),
+                ("error", retry, not boot_hold),
+                ("failed_boots", retry, boot_hold),
+            ):
+                on = applies and until is not None and _aware(until).timestamp() > now
+                held.add_metric([name, reason], 1.0 if on else 0.0)
+        yield from (failed, limit, held)
 
     def _lifecycle(self, rows: Sequence[Any], profiles: list[str]) -> Iterator[Metric]:
         bounds = LIFECYCLE_BUCKETS

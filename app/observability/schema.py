@@ -12,6 +12,8 @@ from typing import Literal, Self, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from gpu_worker.bounds import MAX_SECONDS
+
 REPORT_VERSION = 1
 ReportedState = Literal["starting", "loading", "ready", "busy", "draining"]
 REPORTED_STATES: tuple[str, ...] = get_args(ReportedState)
@@ -34,7 +36,9 @@ MAX_LOG_LINES = 50
 MAX_LOG_LINE_CHARS = 512
 # Generous physical bounds: a value outside them is a broken sampler, not a measurement.
 _MAX_BYTES = 2**50  # 1 PiB
-_MAX_SECONDS = 10 * 365 * 86400.0
+_MAX_SECONDS = MAX_SECONDS
+# A Unix time before the year 2500: any clock that says otherwise is broken.
+_MAX_UNIX_TIME = 16_725_225_600.0
 _MAX_COUNT = 2**53
 
 
@@ -44,7 +48,9 @@ class _Strict(BaseModel):
 
 
 class Reading(_Strict):
-    value: float | None = Field(ge=0)
+    # Every number here is finite (allow_inf_nan=False) and bounded on both sides; the
+    # subclasses narrow the bound to their unit.
+    value: float | None = Field(ge=0, le=_MAX_BYTES)
     reason: MissingReason | None = None
 
     @model_validator(mode="after")
@@ -114,7 +120,7 @@ class UsageReport(_Strict):
     version: Literal[1]
     # Wall-clock start of the worker process; with `sequence` it orders reports across a
     # restart of the process (the sequence starts again at 1).
-    process_started_at: float = Field(gt=0)
+    process_started_at: float = Field(gt=0, le=_MAX_UNIX_TIME)
     sequence: int = Field(ge=1, le=_MAX_COUNT)
     state: ReportedState
     uptime_seconds: float = Field(ge=0, le=_MAX_SECONDS)

@@ -14,6 +14,8 @@ Layout (all keys under `murmur:`; the broker's own keys are untouched):
 - `murmur:provision_attempts` (hash `<profile>|<outcome>` -> count), written by the fleet.
 - `murmur:fleet:plan` (string, JSON) is the fleet's: each reconcile publishes its plan
   there (app.fleet.service.PLAN_KEY); the planned cost is read from it.
+- `murmur:fleet:reconciled-at` (string, unix s) is the fleet's too: when a reconcile last
+  completed (app.fleet.liveness); its age is the control plane's liveness.
 - `murmur:job_latency` (hash): job wait and duration histogram buckets.
 
 Counters live in Redis, not in process memory, so every gunicorn process serves the same
@@ -36,6 +38,7 @@ from typing import Any, cast
 import pydantic_core
 import redis
 
+from app.fleet.liveness import RECONCILED_KEY
 from app.fleet.service import PLAN_KEY
 from app.models import FINISHED_STATES, Job
 from app.observability.schema import UsageReport
@@ -296,6 +299,8 @@ class SharedState:
     # From the fleet's last published plan; None when no reconcile ran lately.
     planned_hourly_eur: float | None
     job_latency: dict[str, float]
+    # When a reconcile last completed (unix s); None when none was ever recorded.
+    last_reconciled: float | None = None
 
 
 def _text(value: Any) -> str:
@@ -340,8 +345,9 @@ def read_shared_state(
     pipe.hgetall(PROVISION_ATTEMPTS_KEY)
     pipe.get(PLAN_KEY)
     pipe.hgetall(JOB_LATENCY_KEY)
+    pipe.get(RECONCILED_KEY)
     raw_snapshots, fresh_entries, *rest = pipe.execute()
-    lengths, (accepted, rejections, attempts, plan, latency) = (
+    lengths, (accepted, rejections, attempts, plan, latency, reconciled) = (
         rest[: len(queues)],
         rest[len(queues) :],
     )
@@ -375,7 +381,15 @@ def read_shared_state(
         provision_attempts=provision,
         planned_hourly_eur=_planned_cost(plan),
         job_latency={_text(k): float(v) for k, v in latency.items()},
+        last_reconciled=_unix_time(reconciled),
     )
+
+
+def _unix_time(raw: Any) -> float | None:
+    try:
+        return None if raw is None else float(raw)
+    except (TypeError, ValueError):
+        return None
 
 
 def prune_retired(

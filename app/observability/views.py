@@ -200,6 +200,13 @@ def _lifecycle(worker: Worker) -> dict[str, Any]:
     }
     phases: dict[str, float | None] = {}
     for phase in LIFECYCLE_PHASES:
+        if phase.runtime_key is not None:
+            reported = (worker.runtime or {}).get(phase.runtime_key)
+            number = isinstance(reported, int | float) and not isinstance(reported, bool)
+            phases[phase.metric.removeprefix("murmur_worker_")] = (
+                float(reported) if number and reported is not None else None
+            )
+            continue
         start = getattr(worker, phase.start.key)
         end = getattr(worker, phase.end.key)
         name = phase.metric.removeprefix("murmur_worker_")

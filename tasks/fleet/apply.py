@@ -8,6 +8,7 @@ caller re-plans, and the next profile in order gets its chance within the same r
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -16,13 +17,14 @@ from datetime import timedelta
 from typing import Any
 
 import redis
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from app.config import Profile
 from app.db import rows_changed
 from app.fleet.cloudinit import worker_environment
 from app.fleet.planner import (
+    NOT_NEEDED,
     Delete,
     DeleteOrphan,
     Dispatch,
@@ -32,6 +34,7 @@ from app.fleet.planner import (
     Provision,
     Requeue,
 )
+from app.jobs.service import announce_finished, fail_job, get_job
 from app.models import (
     LIVE_WORKER_STATES,
     Job,
@@ -42,7 +45,8 @@ from app.models import (
     new_id,
 )
 from app.observability import forget_worker, record_provision_attempt
-from tasks.dispatch import dispatch_job, requeue_job
+from tasks.dispatch import dispatch_job, requeue_job, withdraw_messages
+from tasks.fleet import broker_users
 from tasks.fleet.services import FleetServices
 from tasks.fleet.snapshot import Snapshot
 from tasks.providers.base import (
@@ -118,21 +122,34 @@ def apply_plan(
 ) -> Outcome:
     out = Outcome()
     provisioning_stopped = False
+    held_now: set[str] = set()
+    # Re-routed jobs whose old message is still on their old profile's queue. Withdrawn before
+    # the next other action, so before any of them is dispatched again.
+    withdraw: dict[str, list[str]] = {}
+    planned = {p.name: p.dispatched for p in plan.profiles}  # jobs left on each queue
     for action in plan.actions:
         keep_lock()
+        if withdraw and not isinstance(action, Requeue):
+            _withdraw(svc, withdraw)
         if isinstance(action, MarkBooted):
             _mark_booted(svc, action.worker_id)
         elif isinstance(action, MarkDead):
-            _mark_dead(svc, action)
+            stopped = _mark_dead(svc, action)
+            if stopped is not None and action.capacity:
+                out.stocked_out.append(stopped)
+                provisioning_stopped = True  # re-plan: the next profile gets this demand
+            elif stopped is not None:
+                held_now.add(stopped)  # held after failed boots: not in this round either
         elif isinstance(action, Requeue):
             if requeue_job(svc.db, action.job_id, action.from_profile):
+                withdraw.setdefault(action.from_profile, []).append(action.job_id)
                 out.requeued += 1
                 log.info("fleet: re-route job %s: %s", action.job_id, action.reason)
         elif isinstance(action, Dispatch):
             if dispatch_job(svc.db, svc.celery, action.job_id, action.profile):
                 out.dispatched[action.profile] += 1
         elif isinstance(action, Provision):
-            if provisioning_stopped:
+            if provisioning_stopped or action.profile in held_now:
                 continue
             result = _provision(svc, action)
             if isinstance(result, OutOfStock):
@@ -144,7 +161,7 @@ def apply_plan(
             else:
                 out.provisioned.append(result)
         elif isinstance(action, Delete):
-            if _teardown(svc, action.worker_id, action.reason):
+            if _teardown(svc, action.worker_id, action.reason, planned):
                 out.deleted.append(action.worker_id)
         elif isinstance(action, DeleteOrphan):
             worker_id = _adopt_orphan(
@@ -152,9 +169,24 @@ def apply_plan(
             )
             if _teardown(svc, worker_id, "orphan"):
                 out.deleted.append(worker_id)
+    if withdraw:
+        _withdraw(svc, withdraw)
     for profile, n in sorted(out.dispatched.items()):
         log.info("fleet: dispatched %d job(s) to %s", n, profile)
     return out
+
+
+def _withdraw(svc: FleetServices, jobs_by_profile: dict[str, list[str]]) -> None:
+    """Take re-routed jobs' messages off their old queues (they would inflate its depth)."""
+    for profile, job_ids in sorted(jobs_by_profile.items()):
+        try:
+            removed = withdraw_messages(svc.redis, profile, job_ids)
+        except redis.RedisError as exc:  # the depth is off until those messages are consumed
+            log.warning("fleet: cannot withdraw messages from %s: %s", profile, type(exc).__name__)
+            continue
+        if removed:
+            log.info("fleet: withdrew %d re-routed message(s) from %s", removed, profile)
+    jobs_by_profile.clear()
 
 
 # -- lifecycle marks --------------------------------------------------------------------------
@@ -169,9 +201,15 @@ def _mark_booted(svc: FleetServices, worker_id: str) -> None:
         )
 
 
-def _mark_dead(svc: FleetServices, action: MarkDead) -> None:
+def _mark_dead(svc: FleetServices, action: MarkDead) -> str | None:
+    """Mark the worker for deletion; the profile it stops provisioning for, if any.
+
+    A capacity death backs its profile off; a failed boot may hold it (`_failed_boot`).
+    """
     now = svc.clock()
     with svc.db.session() as s:
+        row = s.get(Worker, action.worker_id)
+        profile_name = row.profile if row is not None else None
         moved = rows_changed(
             s,
             update(Worker)
@@ -185,6 +223,68 @@ def _mark_dead(svc: FleetServices, action: MarkDead) -> None:
         )
     if moved:
         log.warning("fleet: worker %s is dead (%s); deleting it", action.worker_id, action.reason)
+    if moved and action.failed_boot and profile_name is not None:
+        return profile_name if _failed_boot(svc, profile_name, action.reason) else None
+    if not (moved and action.capacity and profile_name is not None):
+        return None
+    try:
+        profile = svc.settings.profile(profile_name)
+    except KeyError:
+        return None  # a profile removed from the config: nothing to back off
+    _stocked_out(svc, profile, OutOfStock(action.reason))
+    return profile.name
+
+
+def _failed_boot(svc: FleetServices, profile: str, reason: str) -> bool:
+    """Count a worker that never became ready; hold its profile after max_failed_boots in a row
+    (True then).
+
+    The boot is also charged, as one attempt, to the job it would have taken (the oldest one
+    dispatched to its profile): a job that waits on a profile that never boots fails after
+    fleet.max_attempts such boots instead of waiting forever.
+    """
+    fleet = svc.settings.fleet
+    now = svc.clock()
+    with svc.db.session() as s:
+        state = _profile_state(s, profile)
+        state.consecutive_failed_boots = (state.consecutive_failed_boots or 0) + 1
+        boots = state.consecutive_failed_boots
+        if boots >= fleet.max_failed_boots:
+            seconds = min(
+                fleet.backoff_seconds * 2 ** (boots - fleet.max_failed_boots),
+                fleet.backoff_max_seconds,
+            )
+            state.retry_at = now + timedelta(seconds=seconds)
+            said = f"{boots} workers in a row never became ready (last: {reason})"
+            state.last_error = said[:300]
+            state.last_error_at = now
+        job = s.scalars(
+            select(Job)
+            .where(Job.profile == profile, Job.status == JobStatus.DISPATCHED.value)
+            .order_by(Job.dispatched_at, Job.id)
+            .limit(1)
+        ).first()
+        charged = None
+        if job is not None:
+            job.attempts = (job.attempts or 0) + 1
+            charged = (job.id, job.attempts)
+    if boots >= fleet.max_failed_boots:
+        log.error(
+            "fleet: %s: %d workers in a row never became ready; no new worker before %s",
+            profile,
+            boots,
+            (now + timedelta(seconds=seconds)).isoformat(timespec="seconds"),
+        )
+    if charged is not None and charged[1] >= fleet.max_attempts:
+        message = (
+            f"no worker of profile {profile} became ready for it: {charged[1]} attempts "
+            f"({reason.split(':', 1)[0]})"
+        )
+        if fail_job(svc.db, charged[0], "worker_boot_failed", message):
+            log.warning("fleet: job %s failed: %s", charged[0], message)
+            with contextlib.suppress(Exception):  # the job's state is already final
+                announce_finished(svc.redis, svc.celery, get_job(svc.db, charged[0]))
+    return boots >= fleet.max_failed_boots
 
 
 # -- provisioning -----------------------------------------------------------------------------
@@ -193,7 +293,9 @@ def _mark_dead(svc: FleetServices, action: MarkDead) -> None:
 def _profile_state(s: Any, name: str) -> ProfileState:
     row: ProfileState | None = s.get(ProfileState, name)
     if row is None:
-        row = ProfileState(name=name, consecutive_stockouts=0)
+        row = ProfileState(
+            name=name, consecutive_stockouts=0, consecutive_errors=0, consecutive_failed_boots=0
+        )
         s.add(row)
     return row
 
@@ -221,6 +323,10 @@ def _provision(svc: FleetServices, action: Provision) -> str | ProviderError:
         if hint is not None:
             with svc.db.session() as s:
                 _profile_state(s, profile.name).availability = hint
+        # Before the server exists, so its user data can carry this worker's own password.
+        broker_url = broker_users.worker_broker_url(
+            settings, broker_users.provision_user(svc, profile, worker_id)
+        )
 
         def bind(instance_id: str, resources: Mapping[str, Any]) -> Mapping[str, str]:
             # Recorded before the instance can start, so a crash from here on leaks nothing.
@@ -235,11 +341,13 @@ def _provision(svc: FleetServices, action: Provision) -> str | ProviderError:
                         created_at=svc.clock(),
                     )
                 )
-            return worker_environment(settings, profile, worker_id, instance_id)
+            return worker_environment(settings, profile, worker_id, instance_id, broker_url)
 
         instance = provider.create(profile, worker_id, bind)
     except ProviderError as exc:
         _creation_failed(svc, worker_id, exc)
+        if exc.instance_id is None:  # nothing left that could use it
+            broker_users.retire_user(svc, worker_id)
         _count_attempt(svc, profile.name, exc)
         if isinstance(exc, OutOfStock):
             _stocked_out(svc, profile, exc)
@@ -274,6 +382,7 @@ def _created(svc: FleetServices, profile: Profile, worker_id: str, instance: Ins
             )
         state = _profile_state(s, profile.name)
         state.consecutive_stockouts = 0
+        state.consecutive_errors = 0
         state.backoff_until = None
         state.retry_at = None
     log.info(
@@ -327,10 +436,17 @@ def _stocked_out(svc: FleetServices, profile: Profile, exc: ProviderError) -> No
 
 
 def _hold(svc: FleetServices, profile: Profile, exc: ProviderError) -> None:
+    fleet = svc.settings.fleet
     now = svc.clock()
-    retry = now + timedelta(seconds=svc.settings.fleet.backoff_seconds)
     with svc.db.session() as s:
         state = _profile_state(s, profile.name)
+        state.consecutive_errors = (state.consecutive_errors or 0) + 1
+        # Doubles with each error in a row, capped like the stock-out back-off: an error an
+        # operator must fix is not retried every few seconds all night.
+        seconds = min(
+            fleet.backoff_seconds * 2 ** (state.consecutive_errors - 1), fleet.backoff_max_seconds
+        )
+        retry = now + timedelta(seconds=seconds)
         state.last_error = exc.reason
         state.last_error_at = now
         state.retry_at = retry
@@ -387,12 +503,37 @@ def _has_work(session: Session, worker: Worker) -> bool:
     return waiting is not None
 
 
-def _teardown(svc: FleetServices, worker_id: str, reason: str) -> bool:
-    """Advance the deletion of a worker's instance; True once the provider confirms it."""
+def _more_work_than_planned(session: Session, worker: Worker, planned: Mapping[str, int]) -> bool:
+    """A booting worker the plan found unneeded got work since: a job of its own, or more jobs
+    on its profile's queue than the plan left there (the API dispatched one meanwhile)."""
+    if worker.current_job_id is not None:
+        return True
+    waiting = session.execute(
+        select(func.count())
+        .select_from(Job)
+        .where(Job.profile == worker.profile, Job.status == JobStatus.DISPATCHED.value)
+    ).scalar_one()
+    return int(waiting) > planned.get(worker.profile, 0)
+
+
+def _teardown(
+    svc: FleetServices, worker_id: str, reason: str, planned: Mapping[str, int] | None = None
+) -> bool:
+    """Advance the deletion of a worker's instance; True once the provider confirms it.
+
+    `planned`: jobs the plan left on each profile's queue, for the `not needed` re-check.
+    """
     now = svc.clock()
     with svc.db.session() as s:
         row = s.get(Worker, worker_id)
         if row is None or row.deleted_at is not None:
+            return False
+        if (
+            reason == NOT_NEEDED
+            and row.state != WorkerState.DELETING.value
+            and _more_work_than_planned(s, row, planned or {})
+        ):
+            log.info("fleet: booting worker %s got work since the plan; keeping it", worker_id)
             return False
         if reason == "idle" and row.state != WorkerState.DELETING.value and _has_work(s, row):
             # The plan saw it idle, but since then a job was claimed by it or dispatched to its
@@ -429,6 +570,7 @@ def _teardown(svc: FleetServices, worker_id: str, reason: str) -> bool:
             row.error = f"teardown: {result.detail}"
     if result.confirmed:
         _forget(svc, worker_id, reason)
+        broker_users.retire_user(svc, worker_id)
         log.info("fleet: deleted worker %s (%s)", worker_id, reason)
     else:
         log.info(

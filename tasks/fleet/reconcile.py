@@ -1,13 +1,15 @@
 """One reconcile run: take the Redis lock, read the fleet, plan, apply, publish the plan.
 
-Only one run acts at a time: the lock expires on its own if a control worker dies, and a run
-renews it before every action. After an out-of-stock answer the run reads and plans again, so
-the next profile in order is tried within the same run (at most once per profile).
+Only one run acts at a time: the lock is a short lease (tasks.fleet.lease) that a watchdog
+thread renews while the run is alive, so a control worker that dies is replaced within one
+lease, however long a live run takes; the run checks it still holds the lease before every
+action and stops at once if not. After an out-of-stock answer the run reads and plans again, so
+the next profile in order is tried within the same run (at most once per profile). A run that
+completes records when (app.fleet.liveness), which `/readyz` and `/metrics` read.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 from dataclasses import asdict, dataclass, field
@@ -15,21 +17,21 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import redis
-from redis.exceptions import LockError
 
+from app.fleet.liveness import record_reconciled
 from app.fleet.planner import FleetPlan, plan_fleet
 from app.fleet.service import PLAN_KEY
+from tasks.fleet import broker_users
 from tasks.fleet.apply import Outcome, apply_plan
+from tasks.fleet.lease import Lease, LeaseLost
 from tasks.fleet.services import FleetServices
 from tasks.fleet.snapshot import read_snapshot
 
 log = logging.getLogger("murmur.fleet")
 
 LOCK_KEY = "murmur:fleet:reconcile-lock"
-
-
-class LockLost(Exception):
-    """Another run took over after our lock expired; stop acting at once."""
+# The name callers knew when the lock was a plain expiring lock.
+LockLost = LeaseLost
 
 
 @dataclass
@@ -44,7 +46,8 @@ class ReconcileReport:
 
 
 def lock_seconds(svc: FleetServices) -> float:
-    # Long enough for the slowest single action (a create is a few bounded provider calls).
+    # How long a slow run may take (a create is a few bounded provider calls); the lock itself
+    # is a shorter lease, renewed while the run is alive.
     fleet = svc.settings.fleet
     return max(60.0, 6 * fleet.provider_timeout_seconds + 2 * fleet.reconcile_interval_seconds)
 
@@ -89,16 +92,11 @@ def listening_since(svc: FleetServices, now: datetime) -> datetime:
 
 
 def reconcile(svc: FleetServices) -> ReconcileReport:
-    lock = svc.redis.lock(LOCK_KEY, timeout=lock_seconds(svc), blocking=False)
-    if not lock.acquire(blocking=False):
+    lease = Lease(svc.redis, LOCK_KEY, svc.settings.fleet.reconcile_lease_seconds)
+    if not lease.acquire():
         log.debug("fleet: another reconcile is running")
         return ReconcileReport(ran=False)
-
-    def keep_lock() -> None:
-        try:
-            lock.reacquire()
-        except LockError as exc:
-            raise LockLost("the reconcile lock expired") from exc
+    keep_lock = lease.check
 
     report = ReconcileReport(ran=True)
     try:
@@ -113,15 +111,19 @@ def reconcile(svc: FleetServices) -> ReconcileReport:
             if not outcome.stocked_out:
                 break
         if report.plan is not None:
+            keep_lock()
             publish_plan(svc, report.plan)
-    except LockLost:
+        keep_lock()
+        broker_users.sweep_users(svc)  # users of workers retired by any path, or lost
+        keep_lock()
+        record_reconciled(svc.redis, svc.clock())
+    except LeaseLost:
         # Another run may be acting now; what this one did is consistent (every step is a
         # compare-and-set) and the next run re-reads everything.
-        log.warning("fleet: reconcile lock expired mid-run; stopped")
+        log.warning("fleet: reconcile lease lost mid-run; stopped")
     finally:
-        # Expired: someone else may hold it now, and it is theirs.
-        with contextlib.suppress(LockError):
-            lock.release()
+        # Only deletes the key if it is still ours: after a loss it may be another run's.
+        lease.release()
     return report
 
 

@@ -167,6 +167,7 @@ def read_snapshot(
                 state=i.state,
                 worker_id=i.worker_id,
                 profile=i.profile,
+                detail=i.detail,
             )
             for (prov, _), i in sorted(instances.items())
         ),

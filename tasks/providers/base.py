@@ -47,6 +47,7 @@ class Instance:
     worker_id: str | None = None
     profile: str | None = None
     resources: Mapping[str, Any] = field(default_factory=dict)
+    detail: str = ""  # the provider's word on the state (Scaleway's state_detail)
 
 
 @dataclass(frozen=True)

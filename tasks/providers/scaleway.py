@@ -3,15 +3,18 @@
 Create = `create_server` (tagged, zone, image, security group, Block root volume; the server
 stays stopped) -> cloud-init user data -> `poweron`. Delete follows the teardown recipe: no
 single call removes a server with its Block volumes and flexible IPs, so each is removed and
-read back. Every SDK call runs under `bounded` because the SDK gives requests no timeout.
+read back. Every state the API reports has a next step (`teardown_step`), so no server is left
+billed because its state had no way out. Every SDK call runs under `bounded` because the SDK
+gives requests no timeout.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, TypeVar
 
 import requests
@@ -50,6 +53,7 @@ T = TypeVar("T")
 ROOT_VOLUME_BYTES = 50 * 10**9
 USER_DATA_KEY = "cloud-init"
 _GONE_VOLUME_STATES = frozenset({"deleted"})
+_LOCAL_VOLUME_TYPES = frozenset({"l_ssd", "scratch"})
 _PAGE = 100
 
 
@@ -72,12 +76,78 @@ class _Busy(ProviderError):
     """409 transient_state / locked: the resource is changing state; try again later."""
 
 
-def classify(exc: BaseException, what: str) -> ProviderError:
-    """The typed error for an SDK/transport failure (see shared/reference/scaleway.md §4)."""
+# A provider error's detail is shown in last_error, /v1/fleet and the logs: bounded, one line.
+MAX_DETAIL = 300
+_URL = re.compile(r"\b[A-Za-z][A-Za-z0-9+.\-]*://\S+")
+_SECRETISH = re.compile(r"(?i)\b(SCW[A-Z0-9]{17})\b|\b[0-9A-Fa-f]{32,}\b")
+_SPACE = re.compile(r"\s+")
+
+
+def redact_detail(text: str, secrets: Collection[str] = ()) -> str:
+    """`text` on one line, without secrets, URLs or long hex tokens, at most MAX_DETAIL chars."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "<secret>")
+    text = _URL.sub("<url>", text)
+    text = _SECRETISH.sub("<secret>", text)
+    text = _SPACE.sub(" ", text).strip()
+    return text if len(text) <= MAX_DETAIL else text[: MAX_DETAIL - 1] + "…"
+
+
+def _response_of(exc: BaseException) -> requests.Response | None:
+    """The response whose body failed to parse: the SDK calls `res.json()` on every error
+    status, and requests' JSONDecodeError does not carry it, but the frame of `json()` does."""
+    tb = exc.__traceback__
+    found = None
+    while tb is not None:
+        candidate = tb.tb_frame.f_locals.get("self")
+        if isinstance(candidate, requests.Response):
+            found = candidate
+        tb = tb.tb_next
+    return found
+
+
+def _explain(body: dict[str, Any]) -> str:
+    """What the API says beyond its message: invalid arguments, quotas, permissions, fields."""
+    parts: list[str] = []
+    for d in body.get("details") or []:
+        if not isinstance(d, dict):
+            continue
+        if "argument_name" in d:
+            help_message = d.get("help_message") or d.get("reason") or "invalid"
+            parts.append(f"{d['argument_name']}: {help_message}")
+        elif "quota" in d:
+            parts.append(f"{d.get('resource')} quota {d.get('quota')}, current {d.get('current')}")
+        elif "action" in d:
+            parts.append(f"{d.get('action')} on {d.get('resource')}")
+    fields = body.get("fields")
+    if isinstance(fields, dict):  # the legacy "Validation Error" form
+        for name, problems in fields.items():
+            said = "; ".join(str(p) for p in problems) if isinstance(problems, list) else problems
+            parts.append(f"{name}: {said}")
+    if not parts and body.get("resource"):
+        parts.append(f"resource {body['resource']}")
+    return "; ".join(parts)
+
+
+def classify(exc: BaseException, what: str, secrets: Collection[str] = ()) -> ProviderError:
+    """The typed error for an SDK/transport failure (see shared/reference/scaleway.md §4).
+
+    Its reason keeps what the API said (status, type, message, argument details), redacted
+    and bounded, so an operator can act on it from `last_error`.
+    """
     if isinstance(exc, ProviderError):
         return exc
     if isinstance(exc, requests.exceptions.JSONDecodeError):
-        return ProviderUnavailable(f"{what}: the API answered with an unreadable error body")
+        res = _response_of(exc)
+        if res is None:
+            return ProviderUnavailable(f"{what}: the API answered with an unreadable error body")
+        ctype = res.headers.get("content-type", "").split(";")[0] or "no content type"
+        shape = f"non-JSON body ({ctype})" if res.content else "empty body"
+        said = redact_detail(f"{what}: HTTP {res.status_code}, {shape}", secrets)
+        if res.status_code >= 500 or res.status_code == 429:
+            return ProviderUnavailable(said)
+        return InvalidArgument(said)
     if isinstance(exc, requests.exceptions.Timeout):
         return ProviderTimeout(f"{what}: the API did not answer in time")
     if isinstance(exc, requests.exceptions.RequestException):
@@ -86,13 +156,17 @@ def classify(exc: BaseException, what: str) -> ProviderError:
         return ProviderUnavailable(f"{what}: unexpected failure ({type(exc).__name__})")
     status = exc.response.status_code
     try:
-        body = exc.response.json() if exc.response.content else {}
+        parsed = exc.response.json() if exc.response.content else {}
     except ValueError:
-        body = {}
-    body = body if isinstance(body, dict) else {}
+        parsed = {}
+    body: dict[str, Any] = parsed if isinstance(parsed, dict) else {}
     kind = body.get("type")
     message = str(body.get("message", "")).strip()
     said = f"{what}: HTTP {status} {kind or ''} {message}".replace("  ", " ").strip()
+    explained = _explain(body)
+    if explained:
+        said = f"{said} ({explained})"
+    said = redact_detail(said, secrets)
     if kind == "out_of_stock":
         return OutOfStock(said)
     if kind == "quotas_exceeded" or "quota exceeded" in message.lower():
@@ -106,6 +180,48 @@ def classify(exc: BaseException, what: str) -> ProviderError:
     if status >= 500:
         return ProviderUnavailable(said)
     return InvalidArgument(said)
+
+
+# The one next step of a teardown, per state the API reports (shared/reference/scaleway.md
+# §2 "Teardown recipe", §3 allowed_actions).
+DELETE = "delete"
+TERMINATE = "terminate"  # the ServerAction values, as plain strings
+STOP_IN_PLACE = "stop_in_place"
+POWEROFF = "poweroff"
+WAIT = "wait"
+_PREFERRED = (TERMINATE, STOP_IN_PLACE, POWEROFF)
+
+
+def teardown_step(state: str, allowed: Collection[str]) -> str:
+    """What to send to a server in `state` to move it toward gone (pure; table-tested).
+
+    - `stopped`: DELETE (terminate is not allowed there; DELETE takes a stopped server).
+    - `stopping`, `locked`: wait; the API accepts nothing meanwhile (a locked server is held by
+      Scaleway; the teardown stays pending, with the state in the worker's error).
+    - `running`, `stopped in place`: terminate (stops and deletes it; Block volumes detach).
+    - `starting`: `stop_in_place`, the only stop it allows (it may never leave `starting`),
+      then `terminate` from `stopped in place`.
+    - any other state: the first of terminate, stop_in_place, poweroff it allows, else wait.
+    A listed action wins over the per-state default, so an API that allows more still gets a
+    step that works.
+    """
+    if state == "stopped":
+        return DELETE
+    if state in ("stopping", "locked"):
+        return WAIT
+    for action in _PREFERRED:
+        if action in allowed:
+            return action
+    if state in ("running", "stopped in place", "stopped_in_place"):
+        return TERMINATE
+    if state == "starting":
+        return STOP_IN_PLACE
+    return WAIT
+
+
+def _still_there(instance_id: str, server: Any) -> str:
+    detail = f" ({server.state_detail})" if getattr(server, "state_detail", None) else ""
+    return f"server {instance_id} is {server.state}{detail}"
 
 
 class ScalewayProvider:
@@ -125,6 +241,10 @@ class ScalewayProvider:
         self._poll = poll_interval
         self._teardown_wait = teardown_wait
         self._root_bytes = root_volume_bytes
+        self._secrets = (
+            settings.reveal("scaleway_secret_key"),
+            settings.reveal("scaleway_access_key"),
+        )
         client = Client(
             access_key=settings.reveal("scaleway_access_key"),
             secret_key=settings.reveal("scaleway_secret_key"),
@@ -143,7 +263,7 @@ class ScalewayProvider:
         try:
             return bounded(call, self._timeout, what)
         except Exception as exc:
-            raise classify(exc, what) from None
+            raise classify(exc, what, self._secrets) from None
 
     def _resources(self, server: Any, zone: str, worker_id: str | None) -> dict[str, Any]:
         volumes = [
@@ -152,7 +272,22 @@ class ScalewayProvider:
             if str(v.volume_type) == VolumeVolumeType.SBS_VOLUME.value and v.id
         ]
         ips = [ip.id for ip in (server.public_ips or []) if not ip.dynamic and ip.id]
-        return {"zone": zone, "worker_id": worker_id, "volumes": volumes, "ips": ips}
+        resources: dict[str, Any] = {
+            "zone": zone,
+            "worker_id": worker_id,
+            "volumes": volumes,
+            "ips": ips,
+        }
+        # Instance API volumes (RENDER-S takes l_ssd): terminate deletes them, but whether a
+        # DELETE of a stopped server does is unconfirmed, so they are read back too.
+        local = [
+            v.id
+            for v in (server.volumes or {}).values()
+            if str(v.volume_type) in _LOCAL_VOLUME_TYPES and v.id
+        ]
+        if local:
+            resources["local_volumes"] = local
+        return resources
 
     def _instance_of(self, server: Any, zone: str) -> Instance:
         tags = list(server.tags or [])
@@ -163,6 +298,7 @@ class ScalewayProvider:
             worker_id=worker_id,
             profile=tag_value(tags, PROFILE_TAG),
             resources=self._resources(server, zone, worker_id),
+            detail=str(server.state_detail or ""),
         )
 
     def _get_server(self, instance_id: str, zone: str) -> Any | None:
@@ -207,7 +343,7 @@ class ScalewayProvider:
         try:
             environment = bind(server.id, resources)
             # Rendered here, never logged: it carries the instance credential.
-            user_data = render_user_data(dict(environment)).encode()
+            user_data = render_user_data(dict(environment), profile).encode()
             self._call(
                 "set_server_user_data",
                 lambda: self._instance.set_server_user_data(
@@ -224,10 +360,26 @@ class ScalewayProvider:
             if isinstance(exc, ValueError) and not isinstance(exc, ProviderError):
                 error: ProviderError = InvalidArgument(f"create: {exc}")  # e.g. user data too big
             else:
-                error = classify(exc, "create")
+                error = classify(exc, "create", self._secrets)
             self._abandon(server.id, resources, error)
             raise error from None
-        return Instance(server.id, "starting", worker_id, profile.name, resources)
+        # An out-of-stock may also come after an accepted poweron: the server falls back to
+        # stopped (state_detail says why). Look once; later falls are the planner's to see.
+        state, detail = "starting", ""
+        with contextlib.suppress(ProviderError):
+            after = self._get_server(server.id, zone)
+            if after is not None:
+                state, detail = str(after.state), str(after.state_detail or "")
+        if state in STOPPED_STATES:
+            error = OutOfStock(
+                redact_detail(
+                    f"server_action poweron: accepted, then the server fell back to {state}"
+                    + (f" ({detail})" if detail else "")
+                )
+            )
+            self._abandon(server.id, resources, error)
+            raise error
+        return Instance(server.id, state, worker_id, profile.name, resources, detail)
 
     def _abandon(
         self, instance_id: str, resources: Mapping[str, Any], error: ProviderError
@@ -284,26 +436,35 @@ class ScalewayProvider:
             raise InvalidArgument(f"instance {instance_id}: no zone recorded")
         worker_id = resources.get("worker_id")
         volumes = list(dict.fromkeys(resources.get("volumes") or []))
+        local = list(dict.fromkeys(resources.get("local_volumes") or []))
         ips = list(dict.fromkeys(resources.get("ips") or []))
         deadline = time.monotonic() + self._teardown_wait
 
         def progress(confirmed: bool, detail: str = "") -> Teardown:
             left = {"zone": zone, "worker_id": worker_id, "volumes": volumes, "ips": ips}
+            if local:
+                left["local_volumes"] = local
             return Teardown(confirmed, left, detail)
 
         try:
             # 1-3: learn the server's Block volumes and flexible IPs, stop it, wait until gone.
+            # A server may need several steps (starting -> stop_in_place -> stopped in place ->
+            # terminate): look, act, look again until it is gone or the pass's time is up.
             server = self._get_server(instance_id, zone)
-            if server is not None:
+            sent: set[tuple[str, str]] = set()
+            while server is not None:
                 learned = self._resources(server, zone, worker_id)
                 volumes = list(dict.fromkeys(volumes + learned["volumes"]))
+                local = list(dict.fromkeys(local + learned.get("local_volumes", [])))
                 ips = list(dict.fromkeys(ips + learned["ips"]))
-                self._remove_server(server, zone)
-                server = self._wait(lambda: self._get_server(instance_id, zone), deadline)
-                if server is not None:
-                    return progress(False, f"server {instance_id} is {server.state}")
+                self._remove_server(server, zone, sent)
+                if time.monotonic() + self._poll >= deadline:
+                    return progress(False, _still_there(instance_id, server))
+                time.sleep(self._poll)
+                server = self._get_server(instance_id, zone)
             # 4: Block volumes are only detached by terminate; delete each once available.
             volumes = [v for v in volumes if not self._delete_volume(v, zone, deadline)]
+            local = [v for v in local if not self._delete_local_volume(v, zone)]
             # 5-6: flexible IPs outlive servers: those recorded, then any carrying our tag.
             if worker_id:
                 tagged = self._call(
@@ -319,47 +480,36 @@ class ScalewayProvider:
             ips = [ip for ip in ips if not self._delete_ip(ip, zone)]
         except ProviderError as exc:
             return progress(False, exc.reason)
-        if volumes or ips:
-            return progress(False, f"{len(volumes)} volume(s), {len(ips)} IP(s) still present")
+        if volumes or local or ips:
+            count = len(volumes) + len(local)
+            return progress(False, f"{count} volume(s), {len(ips)} IP(s) still present")
         return progress(True)
 
     # -- teardown steps ---------------------------------------------------------------------
 
-    def _remove_server(self, server: Any, zone: str) -> None:
+    def _remove_server(self, server: Any, zone: str, sent: set[tuple[str, str]]) -> None:
+        """Send the next `teardown_step` for the server's state, each step once per state."""
         state = str(server.state)
-        allowed = {str(a) for a in server.allowed_actions or []}
+        step = teardown_step(state, [str(a) for a in server.allowed_actions or []])
+        if step == WAIT or (state, step) in sent:
+            return
+        sent.add((state, step))
         try:
-            if state in STOPPED_STATES:
-                # terminate is not allowed on a stopped server; a plain DELETE is.
+            if step == DELETE:
                 self._call(
                     "delete_server",
                     lambda: self._instance.delete_server(server_id=server.id, zone=zone),
                 )
-            elif "terminate" in allowed:
+            else:
+                action = ServerAction(step)
                 self._call(
-                    "server_action terminate",
+                    f"server_action {step}",
                     lambda: self._instance.server_action(
-                        server_id=server.id, action=ServerAction.TERMINATE, zone=zone
-                    ),
-                )
-            elif "poweroff" in allowed:
-                # Neither deletable nor terminable yet: stop it, a later pass deletes it.
-                self._call(
-                    "server_action poweroff",
-                    lambda: self._instance.server_action(
-                        server_id=server.id, action=ServerAction.POWEROFF, zone=zone
+                        server_id=server.id, action=action, zone=zone
                     ),
                 )
         except (_NotFound, _Busy):
-            pass  # already going away, or changing state: the next pass looks again
-
-    def _wait(self, probe: Callable[[], Any | None], deadline: float) -> Any | None:
-        """Probe until it returns None (gone) or the deadline passes; the last answer."""
-        found = probe()
-        while found is not None and time.monotonic() + self._poll < deadline:
-            time.sleep(self._poll)
-            found = probe()
-        return found
+            pass  # already going away, or changing state: the next look decides again
 
     def _volume_status(self, volume_id: str, zone: str) -> str | None:
         try:
@@ -388,6 +538,29 @@ class ScalewayProvider:
                 lambda: self._block.delete_volume(volume_id=volume_id, zone=zone),
             )
         return self._volume_status(volume_id, zone) is None
+
+    def _delete_local_volume(self, volume_id: str, zone: str) -> bool:
+        """True once the Instance API volume is confirmed gone (its server is gone already)."""
+        try:
+            self._call(
+                "get_volume",
+                lambda: self._instance.get_volume(volume_id=volume_id, zone=zone),
+            )
+        except _NotFound:
+            return True
+        with contextlib.suppress(_NotFound, _Busy):
+            self._call(
+                "delete_volume",
+                lambda: self._instance.delete_volume(volume_id=volume_id, zone=zone),
+            )
+        try:
+            self._call(
+                "get_volume",
+                lambda: self._instance.get_volume(volume_id=volume_id, zone=zone),
+            )
+        except _NotFound:
+            return True
+        return False
 
     def _delete_ip(self, ip_id: str, zone: str) -> bool:
         """True once the flexible IP is confirmed gone."""

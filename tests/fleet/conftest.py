@@ -41,6 +41,7 @@ SECRET_KEY = str(uuid.uuid4())
 ACCESS_KEY = "SCWXXXXXXXXXXXXXXXXX"
 PROJECT_ID = str(uuid.uuid4())
 SIGNING_KEY = "fleet-test-signing-key-" + "s" * 32
+WORKER_IMAGE = "rg.fr-par.scw.cloud/murmur/worker@sha256:" + "0123456789abcdef" * 4
 T0 = datetime(2026, 3, 1, 9, 0, tzinfo=UTC)
 
 L4 = {
@@ -49,6 +50,7 @@ L4 = {
     "zone": "fr-par-2",
     "server_type": "L4-1-24G",
     "image": "murmur-worker-gpu",
+    "worker_image": WORKER_IMAGE,
     "security_group": "workers-par2",
     "model": "tiny.en",
     "compute_type": "float16",
@@ -64,6 +66,7 @@ P100 = {
     "zone": "fr-par-1",
     "server_type": "RENDER-S",
     "image": "murmur-worker-gpu",
+    "worker_image": WORKER_IMAGE,
     "security_group": "workers-par1",
     "model": "tiny.en",
     "compute_type": "float32",

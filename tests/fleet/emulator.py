@@ -11,8 +11,17 @@ deterministic. Faults are injected per operation, zone and commercial type: out 
 quota, permission, 500 (JSON), 502 (HTML), invalid argument, slow answers, a server that never
 leaves `starting`, a flexible IP attached at power-on (a leak to clean up).
 
-Assumptions where the reference is silent: a `starting` server allows `poweroff`/`terminate`;
-deleting a Block volume that is still attached answers 409 `precondition_failed`.
+Each state allows what recorded traffic shows (`ALLOWED_ACTIONS`): a `starting` server only
+`stop_in_place`/`backup`, so the way out of a start that never ends is `stop_in_place`, then
+`terminate` from `stopped in place`; DELETE takes only a `stopped` server; a `locked` server
+allows nothing. An action a state does not allow answers 409 `transient_state` in a transient
+state (`starting`, `stopping`, `locked`) and 400 otherwise. An out-of-stock may also come after
+an accepted `poweron`: the server falls back to `stopped`, state_detail "out of stock".
+
+Assumptions where the reference is silent: deleting a Block volume that is still attached
+answers 409 `precondition_failed`; a `stop_in_place` releases nothing (IPs stay attached);
+`terminate` deletes local (`l_ssd`) volumes, DELETE of a stopped server only detaches them
+(the reference leaves it open; the emulator models the costlier case).
 """
 
 from __future__ import annotations
@@ -39,7 +48,18 @@ CATALOG = {
 
 RUNNING_ACTIONS = ["poweroff", "terminate", "reboot", "stop_in_place", "backup"]
 STOPPED_ACTIONS = ["poweron", "backup"]
-STARTING_ACTIONS = ["poweroff", "terminate"]
+STARTING_ACTIONS = ["stop_in_place", "backup"]
+STOPPED_IN_PLACE_ACTIONS = ["poweron", "poweroff", "terminate", "reboot", "backup"]
+# What each state the API reports allows (shared/reference/scaleway.md §3, recorded traffic).
+ALLOWED_ACTIONS: dict[str, list[str]] = {
+    "running": RUNNING_ACTIONS,
+    "stopped": STOPPED_ACTIONS,
+    "starting": STARTING_ACTIONS,
+    "stopped in place": STOPPED_IN_PLACE_ACTIONS,
+    "stopping": [],
+    "locked": [],
+}
+_TRANSIENT = ("starting", "stopping", "locked")
 
 
 def _now() -> str:
@@ -50,8 +70,10 @@ def _now() -> str:
 class Fault:
     op: str  # create | poweron | terminate | poweroff | delete_server | get_server | list_servers
     #          user_data | availability | get_volume | delete_volume | delete_ip | list_ips | any
-    kind: str  # out_of_stock | quota | permission | server_error | bad_gateway | invalid | slow
-    #            never_start | attach_flexible_ip
+    kind: str  # out_of_stock | quota | permission | server_error | bad_gateway | empty_5xx
+    #            invalid | image_not_found | slow | never_start | attach_flexible_ip
+    #            stock_after_poweron (accepted, then back to stopped: "out of stock")
+    #            local_volume (create: the server also gets an l_ssd volume)
     zone: str | None = None
     commercial_type: str | None = None
     times: int | None = None  # None: every time
@@ -98,6 +120,20 @@ _ERRORS: dict[str, tuple[int, dict[str, Any]]] = {
             "details": [{"argument_name": "image", "reason": "constraint", "help_message": "bad"}],
         },
     ),
+    "image_not_found": (
+        400,
+        {
+            "type": "invalid_arguments",
+            "message": "invalid argument(s)",
+            "details": [
+                {
+                    "argument_name": "image",
+                    "reason": "constraint",
+                    "help_message": "image not found",
+                }
+            ],
+        },
+    ),
 }
 
 
@@ -135,6 +171,7 @@ class InstanceEmulator:
         self.servers: dict[str, _Server] = {}
         self.ips: dict[str, dict[str, Any]] = {}
         self.volumes: dict[str, dict[str, Any]] = {}
+        self.local_volumes: dict[str, dict[str, Any]] = {}  # Instance API (l_ssd) volumes
         self.security_groups: dict[str, dict[str, Any]] = {}
         self.availability: dict[tuple[str, str], str] = {}
         self.faults: list[Fault] = []
@@ -161,6 +198,7 @@ class InstanceEmulator:
                 Rule("/instance/v1/zones/<zone>/ips", endpoint="ips"),
                 Rule("/instance/v1/zones/<zone>/ips/<ip>", endpoint="ip"),
                 Rule("/instance/v1/zones/<zone>/volumes", endpoint="instance_volumes"),
+                Rule("/instance/v1/zones/<zone>/volumes/<vid>", endpoint="instance_volume"),
                 Rule("/block/v1/zones/<zone>/volumes", endpoint="block_volumes"),
                 Rule("/block/v1/zones/<zone>/volumes/<vid>", endpoint="block_volume"),
             ]
@@ -216,12 +254,13 @@ class InstanceEmulator:
             self.availability[(zone, commercial_type)] = value
 
     def inventory(self) -> dict[str, int]:
-        """What is still billed: servers, IPs, Block volumes not deleted."""
+        """What is still billed: servers, IPs, Block and local volumes not deleted."""
         with self.lock:
             return {
                 "servers": len(self.servers),
                 "ips": len(self.ips),
-                "volumes": sum(1 for v in self.volumes.values() if v["status"] != "deleted"),
+                "volumes": sum(1 for v in self.volumes.values() if v["status"] != "deleted")
+                + len(self.local_volumes),
             }
 
     def server(self, sid: str) -> dict[str, Any]:
@@ -232,13 +271,28 @@ class InstanceEmulator:
         with self.lock:
             return dict(self.servers[sid].user_data)
 
-    def set_state(self, sid: str, state: str) -> None:
-        """Force a server's state (e.g. a worker that died and left its server stopped)."""
+    def set_state(
+        self,
+        sid: str,
+        state: str,
+        *,
+        detail: str = "",
+        allowed: list[str] | None = None,
+        then: str | None = None,
+    ) -> None:
+        """Force a server's state (e.g. a worker that died and left its server stopped).
+
+        `allowed` defaults to what the API allows in that state (none for a state it does not
+        know); `then` is the state it reaches after `stop_observations` reads ("gone" too).
+        """
         with self.lock:
             srv = self.servers[sid]
-            srv.pending = None
+            srv.pending = None if then is None else (then, self.stop_observations)
             srv.data["state"] = state
-            srv.data["allowed_actions"] = STOPPED_ACTIONS if state == "stopped" else RUNNING_ACTIONS
+            srv.data["state_detail"] = detail
+            srv.data["allowed_actions"] = list(
+                ALLOWED_ACTIONS.get(state, []) if allowed is None else allowed
+            )
 
     def start(self) -> str:
         self._server = make_server(
@@ -289,6 +343,8 @@ class InstanceEmulator:
                 answer = answer or Response(
                     "<html>502 Bad Gateway</html>", 502, content_type="text/html"
                 )
+            elif f.kind == "empty_5xx":
+                answer = answer or Response(b"", 503)
             elif f.kind in _ERRORS:
                 status, body = _ERRORS[f.kind]
                 answer = answer or self._json(body, status)
@@ -341,18 +397,31 @@ class InstanceEmulator:
             self._remove(srv)
         elif target == "running":
             srv.data.update(state="running", state_detail="booted", allowed_actions=RUNNING_ACTIONS)
-        elif target == "stopped":
-            srv.data.update(state="stopped", state_detail="", allowed_actions=STOPPED_ACTIONS)
+        elif target in ("stopped", "out of stock"):
+            # An out-of-stock after an accepted poweron: back to stopped, saying why.
+            detail = "out of stock" if target == "out of stock" else ""
+            srv.data.update(state="stopped", state_detail=detail, allowed_actions=STOPPED_ACTIONS)
             srv.data["public_ips"] = [ip for ip in srv.data["public_ips"] if not ip["dynamic"]]
             srv.data["public_ip"] = srv.data["public_ips"][0] if srv.data["public_ips"] else None
+        elif target == "stopped in place":
+            srv.data.update(
+                state="stopped in place",
+                state_detail="",
+                allowed_actions=STOPPED_IN_PLACE_ACTIONS,
+            )
 
-    def _remove(self, srv: _Server) -> None:
+    def _remove(self, srv: _Server, *, terminated: bool = True) -> None:
         sid = srv.data["id"]
         self.servers.pop(sid, None)
         for vol in srv.data["volumes"].values():
             block = self.volumes.get(vol["id"])
             if block is not None:  # terminate/DELETE only detach Block volumes
                 block.update(status="available", references=[], last_detached_at=_now())
+            local = self.local_volumes.get(vol["id"])
+            if local is not None and terminated:  # terminate deletes local volumes
+                del self.local_volumes[vol["id"]]
+            elif local is not None:  # whether DELETE does is unconfirmed: model the worst
+                local.update(server=None, modification_date=_now())
         for ip in self.ips.values():
             if ip["server"] and ip["server"]["id"] == sid:
                 ip.update(server=None, state="detached")
@@ -407,8 +476,9 @@ class InstanceEmulator:
                     }
                 ],
             )
-        if (f := self._fault("create", zone, ctype)) is not None and isinstance(f, Response):
-            return f
+        create_fault = self._fault("create", zone, ctype)
+        if isinstance(create_fault, Response):
+            return create_fault
         if ctype not in CATALOG[zone]:
             return self._error(
                 400,
@@ -433,9 +503,31 @@ class InstanceEmulator:
                     return self._not_found(body["security_group"], "instance_security_group")
             sid = str(uuid.uuid4())
             volumes: dict[str, Any] = {}
-            templates = body.get("volumes") or {"0": {"volume_type": "sbs_volume", "size": 10**10}}
+            templates = dict(
+                body.get("volumes") or {"0": {"volume_type": "sbs_volume", "size": 10**10}}
+            )
+            if isinstance(create_fault, Fault) and create_fault.kind == "local_volume":
+                templates[str(len(templates))] = {"volume_type": "l_ssd", "size": 10**10}
             for key, tpl in sorted(templates.items()):
                 vid = str(uuid.uuid4())
+                if tpl.get("volume_type") == "l_ssd":
+                    self.local_volumes[vid] = {
+                        "id": vid,
+                        "name": f"{body.get('name')}-vol-{key}",
+                        "export_uri": None,
+                        "size": int(tpl.get("size") or 10**10),
+                        "volume_type": "l_ssd",
+                        "creation_date": _now(),
+                        "modification_date": _now(),
+                        "organization": project,
+                        "project": project,
+                        "tags": [],
+                        "server": {"id": sid, "name": body.get("name")},
+                        "state": "available",
+                        "zone": zone,
+                    }
+                    volumes[key] = {"boot": False, "volume_type": "l_ssd", "id": vid, "zone": zone}
+                    continue
                 self.volumes[vid] = {
                     "id": vid,
                     "name": f"{body.get('name')}-vol-{key}",
@@ -516,12 +608,12 @@ class InstanceEmulator:
             if srv is None or sid not in self.servers:
                 return self._not_found(sid)
             if request.method == "DELETE":
-                if srv.data["state"] not in ("stopped", "stopped in place"):
+                if srv.data["state"] != "stopped":
                     return self._error(
                         400, "invalid_request_error", "instance must be stopped to be deleted"
                     )
                 self.events.append(("delete", zone, sid))
-                self._remove(srv)
+                self._remove(srv, terminated=False)
                 return Response(status=204)
             return self._json({"server": srv.data})
 
@@ -540,7 +632,7 @@ class InstanceEmulator:
             if sid not in self.servers:
                 return self._not_found(sid)
             if action not in srv.data["allowed_actions"]:
-                if srv.data["state"] in ("starting", "stopping"):
+                if srv.data["state"] in _TRANSIENT:
                     return self._error(
                         409,
                         "transient_state",
@@ -577,14 +669,22 @@ class InstanceEmulator:
                 if isinstance(fault, Fault) and fault.kind == "attach_flexible_ip":
                     srv.data["public_ips"].append(self._flexible_ip(zone, srv))
                 srv.data["public_ip"] = srv.data["public_ips"][0]
-                never = isinstance(fault, Fault) and fault.kind == "never_start"
-                srv.pending = None if never else ("running", self.boot_observations)
+                kind = fault.kind if isinstance(fault, Fault) else None
+                if kind == "never_start":
+                    srv.pending = None
+                elif kind == "stock_after_poweron":
+                    srv.pending = ("out of stock", self.boot_observations)
+                else:
+                    srv.pending = ("running", self.boot_observations)
             elif action == "terminate":
                 srv.data.update(state="stopping", allowed_actions=[])
                 srv.pending = ("gone", self.stop_observations)
             elif action == "poweroff":
                 srv.data.update(state="stopping", allowed_actions=[])
                 srv.pending = ("stopped", self.stop_observations)
+            elif action == "stop_in_place":
+                srv.data.update(state="stopping", allowed_actions=[])
+                srv.pending = ("stopped in place", self.stop_observations)
             task = {
                 "id": str(uuid.uuid4()),
                 "description": f"server_{action}",
@@ -738,8 +838,25 @@ class InstanceEmulator:
             return self._json({"ip": found})
 
     def _h_instance_volumes(self, request: Request, zone: str) -> Response:
-        page, headers = self._page(request, [])
+        with self.lock:
+            items = [v for v in self.local_volumes.values() if v["zone"] == zone]
+        page, headers = self._page(request, items)
         return self._json({"volumes": page}, headers=headers)
+
+    def _h_instance_volume(self, request: Request, zone: str, vid: str) -> Response:
+        with self.lock:
+            vol = self.local_volumes.get(vid)
+            if vol is None or vol["zone"] != zone:
+                return self._not_found(vid, "instance_volume")
+            if request.method == "DELETE":
+                if vol["server"] is not None:
+                    return self._error(
+                        400, "invalid_request_error", "a volume attached to a server"
+                    )
+                del self.local_volumes[vid]
+                self.events.append(("delete_local_volume", zone, vid))
+                return Response(status=204)
+            return self._json({"volume": vol})
 
     def _h_block_volumes(self, request: Request, zone: str) -> Response:
         product = request.args.get("product_resource_id")

@@ -48,6 +48,7 @@ def profile(name: str = "gpu", **fields: object) -> str:
         "zone": "fr-par-2",
         "server_type": "L4-1-24G",
         "image": "murmur-worker-gpu",
+        "worker_image": "rg.fr-par.scw.cloud/murmur/worker@sha256:" + "ab" * 32,
         "security_group": "par2",
         "compute_type": "float16",
         "hourly_cost_eur": 0.75,

@@ -465,9 +465,10 @@ CASES = [
         "a booting worker's silence does not make the ready ones look heard",
         [prof(A)],
         workers=[
-            wkr("w1", last_seen_at=ago(91)),
+            wkr("w1", last_seen_at=ago(91), busy=True),
             wkr("w2", state="booting", requested_at=ago(10), ready_at=None, idle_since=None),
         ],
+        counts=[JobCounts(A, dispatched=1, running=1)],  # w2 is wanted: it is not retired
         rules=replace(RULES, outage_timeout=timedelta(seconds=300)),
         expect=set(),
     ),
@@ -512,6 +513,7 @@ CASES = [
         "still booting within the timeout",
         [prof(A)],
         workers=[wkr("w1", state="booting", requested_at=ago(899), ready_at=None, idle_since=None)],
+        counts=[JobCounts(A, dispatched=1)],  # a job waits for it
         expect=set(),
     ),
     Case(
@@ -555,6 +557,7 @@ CASES = [
         "provider says running: booted",
         [prof(A)],
         workers=[wkr("w1", state="booting", booted_at=None, ready_at=None, idle_since=None)],
+        counts=[JobCounts(A, dispatched=1)],  # a job waits for it
         expect={"booted w1"},
     ),
     # -- orphans ------------------------------------------------------------------------------

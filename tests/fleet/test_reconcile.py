@@ -126,7 +126,7 @@ ERRORS = [
         "bad_gateway",
         "create",
         "ProviderUnavailable",
-        "unreadable error body",
+        "HTTP 502, non-JSON body",
         "provider_unavailable",
     ),
     ("invalid", "create", "InvalidArgument", "invalid_arguments", "invalid_argument"),
@@ -278,6 +278,8 @@ def test_incompatible_hardware_is_rejected_then_deleted(make_fleet: MakeFleet) -
 
 def test_ready_worker_gets_lifecycle_timestamps(make_fleet: MakeFleet) -> None:
     fleet = make_fleet()
+    assert fleet.emulator is not None
+    fleet.emulator.boot_observations = 2  # create's own look after poweron is one of them
     (job_id,) = fleet.add_jobs(1)
     fleet.reconcile()
     fleet.reconcile(advance=5)  # the provider still says starting

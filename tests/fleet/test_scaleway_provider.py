@@ -186,7 +186,7 @@ def test_teardown_of_an_orphan_learns_its_resources(
 def test_user_data_stays_small(settings: Settings) -> None:
     for profile in settings.profiles:
         env = worker_environment(settings, profile, "wrk_" + "f" * 32, "f" * 36)
-        assert len(render_user_data(env).encode()) < USER_DATA_LIMIT_BYTES
+        assert len(render_user_data(env, profile).encode()) < USER_DATA_LIMIT_BYTES
 
 
 def test_oversized_user_data_is_refused_and_the_server_deleted(

@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import update
 
 from app.db import Database
+from app.fleet.liveness import record_reconciled
 from app.fleet.service import PLAN_KEY
 from app.models import Job, Worker, WorkerState, utcnow
 from app.observability import store
@@ -211,6 +212,7 @@ def populate(obs: ObsEnv) -> Scenario:
     store.record_provision_attempt(obs.redis, "gpu-l4", "out_of_stock")
     store.record_provision_attempt(obs.redis, "gpu-l4", "out_of_stock")
     store.record_provision_attempt(obs.redis, "local-cpu", "succeeded")
+    record_reconciled(obs.redis, ago(12))
     assert post_report(obs.client, ready, make_report(1, state="busy")).status_code == 200
     no_gpu_report = make_report(
         1, state="loading", gpu={"devices": [], "reason": "nvml_unavailable"}

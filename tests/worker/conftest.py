@@ -162,7 +162,8 @@ class FakeControlPlane:
                 return 409, {"error": {"code": "job_not_claimable", "message": job["state"]}}
             job["state"] = "running"
             self.claimed.set()
-            fields = {k: v for k, v in job.items() if k not in ("audio", "state", "chunked")}
+            hidden = ("audio", "state", "chunked", "cancelled")
+            fields = {k: v for k, v in job.items() if k not in hidden}
             return 200, {
                 "job": {
                     "id": job_id,
@@ -176,6 +177,8 @@ class FakeControlPlane:
             self.results[job_id] = body
             job["state"] = "succeeded"
             return 200, {"stored": True}
+        if action == "status":
+            return 200, {"held": job["state"] == "running" and not job.get("cancelled")}
         if action == "failure":
             stored = job_id not in self.failures
             self.failures.setdefault(job_id, body)

@@ -25,7 +25,7 @@ class BrokenTranscriber:
         self.error = error
         self.released = 0
 
-    def transcribe(self, audio, *, language, prompt, word_timestamps):
+    def transcribe(self, audio, *, language, prompt, word_timestamps, checkpoint=None):
         raise self.error
 
     def release_memory(self) -> None:

@@ -216,7 +216,8 @@ def test_run_reports_ready_serves_a_job_and_stops_on_sigterm(
     start_worker, control_plane, redis_url, fixtures_dir, word_error_rate
 ):
     control_plane.add_job("job_1", (fixtures_dir / "speech-short.wav").read_bytes())
-    worker = start_worker()
+    # What the instance's unit passes after pulling the image (app/fleet/cloudinit.py).
+    worker = start_worker(MURMUR_IMAGE_PULL_SECONDS="12.5")
     worker.wait_for(lambda: control_plane.ready_bodies, "report ready")
 
     enqueue(redis_url, "job_1")
@@ -232,6 +233,7 @@ def test_run_reports_ready_serves_a_job_and_stops_on_sigterm(
     }
     assert (runtime["alignment_device"], runtime["batch_size"]) == ("none", 1)
     assert runtime["model_load_seconds"] > 0
+    assert runtime["image_pull_seconds"] == 12.5
     text = control_plane.results["job_1"]["transcript"]["text"]
     assert word_error_rate((fixtures_dir / "speech-short.txt").read_text(), text) <= 0.25
     assert exit_code == 0

@@ -103,8 +103,11 @@ def fake_stack(monkeypatch):
             self.model = model
             self.options = Options()
 
-        def transcribe(self, audio, batch_size, language, chunk_size):
+        def transcribe(self, audio, batch_size, language, chunk_size, progress_callback=None):
             calls.prompts_seen.append(self.options.initial_prompt)
+            for percent in (50.0, 100.0):  # WhisperX calls it after every batch
+                if progress_callback is not None:
+                    progress_callback(percent)
             return {
                 "language": language,
                 "segments": [
@@ -217,3 +220,22 @@ def test_memory_is_released_between_jobs_on_cuda(fake_stack):
     transcriber.release_memory()
 
     assert fake_stack.empty_cache == 1
+
+
+def test_the_checkpoint_runs_between_batches_and_can_stop_the_job(fake_stack):
+    from gpu_worker.holding import JobCancelled
+
+    transcriber = build(fake_stack)
+    calls = []
+    transcriber.transcribe(
+        AUDIO, language="en", prompt=None, word_timestamps=False, checkpoint=lambda: calls.append(1)
+    )
+    assert len(calls) == 2
+
+    def cancelled():
+        raise JobCancelled("job_1 is no longer held by this worker")
+
+    with pytest.raises(JobCancelled):
+        transcriber.transcribe(
+            AUDIO, language="en", prompt=None, word_timestamps=False, checkpoint=cancelled
+        )

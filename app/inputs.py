@@ -1,0 +1,154 @@
+"""The one place request text and JSON bodies are checked before anything else reads them.
+
+Invariants: a string that reaches a view, the database or a log has no NUL, no lone
+surrogate and (outside free text) no control character, so PostgreSQL never refuses it and a
+log line is never split; a JSON body is parsed without recursion errors and nested at most
+`MAX_JSON_DEPTH` deep, with finite numbers only. Refusals are `ApiError` 400s with a code.
+A filename from a client is display text only: no path component, no control or bidi
+characters, bounded; it is never used as a path.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import unicodedata
+from collections.abc import Iterable
+from typing import Annotated, Any
+
+from flask import request
+from pydantic import AfterValidator
+
+from app.errors import ApiError
+
+MAX_JSON_DEPTH = 32
+MAX_FILENAME_CHARS = 255
+# Free text (a prompt, a failure message) may hold line breaks and tabs; nothing else below
+# U+0020 has a meaning in it.
+_FREE_TEXT_CONTROLS = frozenset("\t\n\r")
+# Unicode categories that never belong in a displayed name: controls, formatting (bidi
+# overrides such as U+202E, zero-width joiners), surrogates, private use, unassigned, and
+# line/paragraph separators.
+_HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+
+
+def text_problem(value: str, *, free_text: bool = False) -> str | None:
+    """Why `value` cannot be stored or shown as it is, or None when it can."""
+    for char in value:
+        point = ord(char)
+        if point == 0:
+            return "contains a NUL character"
+        if 0xD800 <= point <= 0xDFFF:
+            return "contains a lone surrogate (not valid Unicode)"
+        if (point < 0x20 or 0x7F <= point < 0xA0) and not (
+            free_text and char in _FREE_TEXT_CONTROLS
+        ):
+            return "contains a control character"
+    return None
+
+
+def check_text(value: str, field: str, *, free_text: bool = False) -> str:
+    """`value` unchanged, or ApiError 400 `invalid_text` naming the field (never the value)."""
+    problem = text_problem(value, free_text=free_text)
+    if problem is not None:
+        raise ApiError(400, "invalid_text", f"{field} {problem}")
+    return value
+
+
+def _storable(value: str) -> str:
+    # Free text that PostgreSQL must accept: NUL and lone surrogates are what it refuses.
+    if "\x00" in value:
+        raise ValueError("contains a NUL character")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("contains a lone surrogate (not valid Unicode)") from None
+    return value
+
+
+# Text a worker sends (transcripts, failure messages): stored as it is, so it may hold any
+# character a model can emit, except the two no database column accepts.
+StorableText = Annotated[str, AfterValidator(_storable)]
+
+
+def json_problem(value: Any, max_depth: int = MAX_JSON_DEPTH) -> str | None:
+    """Why a parsed JSON value is unacceptable (depth, strings, non-finite numbers), or None.
+
+    Iterative, so a hostile nesting depth cannot exhaust the stack here either.
+    """
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            problem = text_problem(item, free_text=True)
+            if problem is not None:
+                return f"a string {problem}"
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                return "a number is not finite"
+        elif isinstance(item, dict | list):
+            if depth > max_depth:
+                return f"nested deeper than {max_depth} levels"
+            children: Iterable[Any] = item.items() if isinstance(item, dict) else item
+            for child in children:
+                if isinstance(item, dict):
+                    key, child_value = child
+                    stack.append((key, depth))
+                    stack.append((child_value, depth + 1))
+                else:
+                    stack.append((child, depth + 1))
+    return None
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def request_json() -> Any:
+    """The request body parsed as JSON, or ApiError 400 `invalid_json` (never a 500).
+
+    Flask's `get_json(silent=True)` lets `RecursionError` escape and accepts `NaN`; this
+    refuses both, and anything `json_problem` refuses.
+    """
+    raw = request.get_data(cache=True)
+    try:
+        body = json.loads(raw, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError):
+        raise ApiError(400, "invalid_json", "the request body is not a JSON object") from None
+    problem = json_problem(body)
+    if problem is not None:
+        raise ApiError(400, "invalid_json", f"the request body is refused: {problem}")
+    return body
+
+
+def check_request_text() -> None:
+    """Before every request: path parts, query parameters and the idempotency key are clean.
+
+    Form fields and JSON bodies are checked where they are parsed (`request_json`, the views).
+    """
+    for name, value in (request.view_args or {}).items():
+        if isinstance(value, str):
+            check_text(value, name)
+    for name, value in request.args.items(multi=True):
+        check_text(name, "a query parameter name")
+        check_text(value, name if text_problem(name) is None else "a query parameter")
+    key = request.headers.get("Idempotency-Key")
+    if key is not None:
+        check_text(key, "Idempotency-Key")
+
+
+def display_filename(raw: str | None) -> str | None:
+    """The client's filename as display text: last path component, visible characters only.
+
+    `../../etc/x` becomes `x`, a right-to-left override is dropped, and the result is at most
+    `MAX_FILENAME_CHARS`; None when nothing displayable is left.
+    """
+    if not raw:
+        return None
+    name = raw.replace("\\", "/").rsplit("/", 1)[-1]
+    name = "".join(
+        char for char in name if unicodedata.category(char) not in _HIDDEN_CATEGORIES
+    ).strip()
+    if name in ("", ".", ".."):
+        return None
+    return name[:MAX_FILENAME_CHARS]

@@ -1,0 +1,39 @@
+"""A control worker in a process of its own: one reconcile run, for tests that SIGKILL it.
+
+Usage: python -m tests.fleet.reconcile_holder SETTINGS_JSON. Prints "started" before the run
+and "finished" after it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import redis
+
+from app.config import Settings
+from app.db import Database
+from tasks.celery_app import make_celery
+from tasks.fleet.reconcile import reconcile
+from tasks.fleet.services import FleetServices
+from tasks.providers import ProviderRegistry
+from tasks.providers.scaleway import ScalewayProvider
+
+
+def main(raw: str) -> None:
+    settings = Settings.model_validate(json.loads(raw))
+    provider = ScalewayProvider(settings, poll_interval=0.01, teardown_wait=1.0)
+    svc = FleetServices(
+        settings=settings,
+        db=Database(settings.database_url),
+        redis=redis.Redis.from_url(settings.redis_url),
+        celery=make_celery(settings),
+        providers=ProviderRegistry(settings, {"scaleway": provider}),
+    )
+    print("started", flush=True)
+    report = reconcile(svc)
+    print("finished" if report.ran else "not run", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,259 @@
+"""Provider faults through a whole reconcile (issue 11): each ends with nothing left billed.
+
+Real Redis, SQLite and PostgreSQL, the emulator and the real Scaleway SDK, as in
+test_reconcile.py; the faults are the ones the emulator models after recorded traffic.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+from app.fleet.cli import render
+from app.fleet.planner import Delete, plan_fleet
+from app.fleet.service import fleet_overview
+from app.jobs.service import cancel_job
+from app.models import JobStatus, WorkerState
+from app.observability.collector import MurmurCollector
+from app.observability.exposition import encode_text
+from tasks.dispatch import dispatch_job
+from tasks.fleet.apply import apply_plan
+from tasks.fleet.snapshot import as_utc, read_snapshot
+from tests.fleet.conftest import L4, Fleet, MakeFleet
+
+NOTHING = {"servers": 0, "ips": 0, "volumes": 0}
+
+
+def settle(fleet: Fleet, rounds: int = 5) -> None:
+    for _ in range(rounds):
+        if not fleet.workers(WorkerState.DELETING.value, WorkerState.FAILED.value):
+            return
+        fleet.reconcile()
+
+
+def test_a_server_stuck_starting_is_deleted_after_the_boot_timeout(make_fleet: MakeFleet) -> None:
+    fleet = make_fleet(fleet={"boot_timeout_seconds": 20.0})
+    assert fleet.emulator is not None
+    fleet.emulator.inject("poweron", "never_start", times=1)
+    fleet.add_jobs(1)
+    fleet.reconcile()
+    (w,) = fleet.workers()
+    assert fleet.emulator.server(w.instance_id or "")["state"] == "starting"
+    assert fleet.emulator.inventory() == {"servers": 1, "ips": 0, "volumes": 1}
+
+    fleet.reconcile(advance=21)
+    settle(fleet)
+    dead = next(x for x in fleet.workers() if x.id == w.id)
+    assert dead.state == WorkerState.DELETED.value and dead.delete_reason == "boot timeout"
+    assert "the provider reports it starting" in (dead.error or "")
+    # Its replacement is the only server left; without it, nothing at all.
+    left = [s for s in fleet.emulator.servers if s != w.instance_id]
+    assert w.instance_id not in fleet.emulator.servers
+    assert fleet.emulator.inventory() == {"servers": len(left), "ips": 0, "volumes": len(left)}
+
+
+def test_a_held_error_keeps_its_detail_and_backs_off_exponentially(
+    make_fleet: MakeFleet,
+) -> None:
+    fleet = make_fleet(fleet={"backoff_seconds": 60.0, "backoff_max_seconds": 200.0})
+    assert fleet.emulator is not None
+    fleet.emulator.inject("create", "image_not_found", zone="fr-par-2")
+    fleet.add_jobs(1)
+    waits = []
+    for _ in range(4):
+        fleet.reconcile()
+        state = fleet.profile_state("l4-par2")
+        assert state is not None and state.retry_at is not None
+        assert "image: image not found" in (state.last_error or "")
+        assert "HTTP 400 invalid_arguments" in (state.last_error or "")
+        retry_at = as_utc(state.retry_at)
+        assert retry_at is not None
+        waits.append((retry_at - fleet.clock()).total_seconds())
+        fleet.clock.now = retry_at  # the next round is the first allowed to try again
+    assert waits == [60.0, 120.0, 200.0, 200.0]
+    assert fleet.emulator.inventory() == NOTHING
+
+    fleet.emulator.clear_faults()
+    fleet.reconcile()
+    state = fleet.profile_state("l4-par2")
+    assert state is not None and state.consecutive_errors == 0 and state.retry_at is None
+
+
+# -- an out-of-stock after an accepted poweron (finding 3) ------------------------------------
+
+
+def test_a_server_back_to_stopped_before_booting_is_out_of_stock(make_fleet: MakeFleet) -> None:
+    fleet = make_fleet()
+    assert fleet.emulator is not None
+    fleet.emulator.inject("poweron", "stock_after_poweron", commercial_type="L4-1-24G")
+    (job,) = fleet.add_jobs(1)
+    fleet.reconcile()
+    (l4,) = fleet.workers()
+    assert l4.profile == "l4-par2" and l4.state == WorkerState.BOOTING.value
+
+    # The next read shows it stopped, "out of stock": within this run the L4 server goes,
+    # its profile backs off, and the next profile in order gets the job.
+    fleet.reconcile(advance=5)
+    settle(fleet)
+    gone = next(w for w in fleet.workers() if w.id == l4.id)
+    assert gone.state == WorkerState.DELETED.value and gone.delete_reason == "out of stock"
+    state = fleet.profile_state("l4-par2")
+    assert state is not None and state.consecutive_stockouts == 1
+    assert state.backoff_until is not None and "out of stock" in (state.last_error or "")
+    (p100,) = [w for w in fleet.workers(WorkerState.BOOTING.value)]
+    assert p100.profile == "p100-par1"
+    assert fleet.emulator.inventory() == {"servers": 1, "ips": 0, "volumes": 1}
+    fleet.reconcile(advance=5)
+    (j,) = fleet.jobs()
+    assert j.id == job and j.profile == "p100-par1"
+
+    # No new L4 worker during the back-off: the same profile is not created again at once.
+    fleet.reconcile(advance=30)
+    assert not [w for w in fleet.workers() if w.profile == "l4-par2" and w.id != l4.id]
+
+
+# -- a booting worker whose demand vanished (finding 4) ---------------------------------------
+
+
+def test_a_booting_worker_whose_job_was_cancelled_is_retired(make_fleet: MakeFleet) -> None:
+    fleet = make_fleet()
+    assert fleet.emulator is not None
+    fleet.emulator.inject("poweron", "never_start", times=1)  # it would boot for 15 minutes
+    (job,) = fleet.add_jobs(1)
+    fleet.reconcile()
+    fleet.reconcile(advance=5)
+    (w,) = fleet.workers()
+    assert w.state == WorkerState.BOOTING.value
+    assert [j.status for j in fleet.jobs()] == [JobStatus.DISPATCHED.value]
+
+    cancel_job(fleet.db, job, "test")
+    fleet.reconcile(advance=5)
+    settle(fleet)
+    (w,) = fleet.workers()
+    assert w.state == WorkerState.DELETED.value and w.delete_reason == "not needed"
+    assert fleet.emulator.inventory() == NOTHING
+
+
+# -- a profile that never boots (finding 4) ---------------------------------------------------
+
+
+def _metric(fleet: Fleet, name: str, **labels: str) -> float | None:
+    registry = CollectorRegistry(auto_describe=False)
+    collector = MurmurCollector(
+        fleet.svc.settings, fleet.db, fleet.svc.redis, clock=lambda: fleet.clock().timestamp()
+    )
+    registry.register(collector)
+    for family in text_string_to_metric_families(encode_text(registry).decode()):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return float(sample.value)
+    return None
+
+
+def test_a_profile_that_never_boots_is_held_and_its_job_fails(make_fleet: MakeFleet) -> None:
+    fleet = make_fleet(
+        [L4],
+        fleet={"boot_timeout_seconds": 20.0, "max_failed_boots": 2, "max_attempts": 2},
+    )
+    assert fleet.emulator is not None
+    # A broken image: the servers run, no worker on them ever reports ready.
+    (job,) = fleet.add_jobs(1)
+
+    for boot in (1, 2):
+        fleet.reconcile()
+        fleet.reconcile(advance=5)
+        assert [j.status for j in fleet.jobs()] == [JobStatus.DISPATCHED.value]
+        fleet.reconcile(advance=21)  # boot timeout
+        settle(fleet)
+        state = fleet.profile_state("l4-par2")
+        assert state is not None and state.consecutive_failed_boots == boot
+
+    # Held after the second failed boot in a row, with the reason where operators look.
+    state = fleet.profile_state("l4-par2")
+    assert state is not None and state.retry_at is not None
+    assert "2 workers in a row never became ready" in (state.last_error or "")
+    assert "the provider reports it running" in (state.last_error or "")
+    view = fleet_overview(fleet.svc.settings, fleet.db, fleet.svc.redis, fleet.clock())
+    (l4,) = view["profiles"]
+    assert l4["consecutive_failed_boots"] == 2 and l4["retry_at"] is not None
+    assert "never became ready" in l4["last_error"]
+    assert "failed boots: 2" in render(view)
+    assert _metric(fleet, "murmur_fleet_profile_failed_boots", profile="l4-par2") == 2
+    assert _metric(fleet, "murmur_fleet_max_failed_boots") == 2
+    held = {
+        reason: _metric(fleet, "murmur_fleet_profile_held", profile="l4-par2", reason=reason)
+        for reason in ("backoff", "error", "failed_boots")
+    }
+    assert held == {"backoff": 0, "error": 0, "failed_boots": 1}
+
+    # Each failed boot counted as an attempt of the job it would have run: it fails, clearly.
+    (j,) = fleet.jobs()
+    assert j.id == job and j.status == JobStatus.FAILED.value
+    assert j.error_code == "worker_boot_failed" and j.attempts == 2
+    assert "no worker of profile l4-par2 became ready" in (j.error_message or "")
+
+    # No new worker while held; nothing left billed.
+    fleet.add_jobs(1)
+    fleet.reconcile(advance=5)
+    assert not fleet.workers(WorkerState.REQUESTED.value, WorkerState.BOOTING.value)
+    assert fleet.emulator.inventory() == NOTHING
+
+
+def test_a_ready_worker_resets_the_failed_boots(make_fleet: MakeFleet) -> None:
+    fleet = make_fleet([L4], fleet={"boot_timeout_seconds": 20.0})
+    assert fleet.emulator is not None
+    fleet.emulator.inject("poweron", "never_start", times=1)
+    fleet.add_jobs(1)
+    fleet.reconcile()
+    fleet.reconcile(advance=5)
+    fleet.reconcile(advance=21)
+    settle(fleet)
+    state = fleet.profile_state("l4-par2")
+    assert state is not None and state.consecutive_failed_boots == 1
+    assert state.retry_at is None  # one failed boot is not yet a pattern
+    fleet.reconcile(advance=5)
+    assert fleet.ready_all() == 1
+    state = fleet.profile_state("l4-par2")
+    assert state is not None and state.consecutive_failed_boots == 0
+
+
+def test_of_two_booting_workers_for_two_jobs_one_goes_when_a_job_is_cancelled(
+    make_fleet: MakeFleet,
+) -> None:
+    fleet = make_fleet([L4])
+    assert fleet.emulator is not None
+    fleet.emulator.inject("poweron", "never_start", times=2)
+    first, second = fleet.add_jobs(2)
+    fleet.reconcile()
+    fleet.reconcile(advance=5)
+    assert len(fleet.workers(WorkerState.BOOTING.value)) == 2
+    assert [j.status for j in fleet.jobs()] == [JobStatus.DISPATCHED.value] * 2
+
+    cancel_job(fleet.db, second, "test")
+    fleet.reconcile(advance=5)
+    settle(fleet)
+    kept = fleet.workers(WorkerState.BOOTING.value)
+    retired = [w for w in fleet.workers(WorkerState.DELETED.value) if w.delete_reason]
+    assert len(kept) == 1 and [w.delete_reason for w in retired] == ["not needed"]
+    assert kept[0].requested_at <= retired[0].requested_at  # the older one stays
+    assert fleet.emulator.inventory() == {"servers": 1, "ips": 0, "volumes": 1}
+
+
+def test_a_booting_worker_that_got_a_job_since_the_plan_is_kept(make_fleet: MakeFleet) -> None:
+    fleet = make_fleet([L4])
+    assert fleet.emulator is not None
+    fleet.emulator.inject("poweron", "never_start", times=1)
+    (job,) = fleet.add_jobs(1)
+    fleet.reconcile()
+    fleet.reconcile(advance=5)
+    cancel_job(fleet.db, job, "test")
+    snapshot = read_snapshot(fleet.svc, fleet.clock())
+    plan = plan_fleet(snapshot.state)
+    assert [a.reason for a in plan.actions if isinstance(a, Delete)] == ["not needed"]
+    # Meanwhile the API sends a new job straight to the profile that has a worker.
+    (late,) = fleet.add_jobs(1)
+    assert dispatch_job(fleet.db, fleet.svc.celery, late, "l4-par2")
+
+    apply_plan(fleet.svc, snapshot, plan)
+    (w,) = fleet.workers()
+    assert w.state == WorkerState.BOOTING.value

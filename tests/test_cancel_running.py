@@ -1,0 +1,89 @@
+"""A running job cancelled by its client stops on the real worker within seconds, stores nothing,
+and the same worker takes the next job at once (issue 10, finding 3)."""
+
+from __future__ import annotations
+
+import time
+import wave
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from app.models import Job, Worker
+from tests.conftest import FIXTURES, LiveApi, api_get, auth, wait_for
+from tests.test_pipeline import submit, wait_job
+
+pytestmark = pytest.mark.slow
+
+# Long enough that transcribing it to the end takes far longer than the stop allowed below.
+REPEATS = 4
+STOP_SECONDS = 10.0
+
+
+def long_speech(path: Path) -> Path:
+    with wave.open(str(FIXTURES / "speech-90s.wav")) as src:
+        params, frames = src.getparams(), src.readframes(src.getnframes())
+    with wave.open(str(path), "wb") as out:
+        out.setparams(params)
+        for _ in range(REPEATS):
+            out.writeframes(frames)
+    return path
+
+
+def upload(live: LiveApi, path: Path) -> dict[str, Any]:
+    with path.open("rb") as fh:
+        response = requests.post(
+            f"{live.url}/v1/jobs", headers=auth(), files={"file": (path.name, fh)}, timeout=60
+        )
+    assert response.status_code == 202, response.text
+    return dict(response.json())
+
+
+def test_cancelling_a_running_job_stops_the_worker_and_frees_it(
+    live_api: LiveApi, start_worker: Any, tmp_path: Path
+) -> None:
+    worker, proc = start_worker()
+    job = upload(live_api, long_speech(tmp_path / "long.wav"))
+    wait_for(
+        lambda: api_get(live_api, f"/v1/jobs/{job['id']}").json()["status"] == "running",
+        60,
+        "the worker to start the long job",
+    )
+    time.sleep(1.0)  # under way: past the claim, into the audio
+
+    cancelled_at = time.monotonic()
+    answer = requests.delete(f"{live_api.url}/v1/jobs/{job['id']}", headers=auth(), timeout=10)
+    assert answer.status_code == 200 and answer.json()["status"] == "cancelled"
+
+    def worker_free() -> bool:
+        with live_api.db.reader() as s:
+            row = s.get(Worker, worker.id)
+            return row is not None and row.current_job_id is None
+
+    wait_for(worker_free, STOP_SECONDS, "the worker to stop the cancelled job", step=0.2)
+    stopped_after = time.monotonic() - cancelled_at
+    assert "stopped without a result" in proc.output()
+
+    with live_api.db.reader() as s:
+        row = s.get(Job, job["id"])
+        assert row is not None
+        assert row.status == "cancelled" and row.transcript is None
+        assert row.error_code == "cancelled"
+        counted = s.get(Worker, worker.id)
+        assert counted is not None and counted.jobs_done == 0
+
+    # The same worker takes the next job promptly.
+    picked_at = time.monotonic()
+    following = submit(live_api, "speech-short.wav")
+    done = wait_job(live_api, following["id"], timeout=60)
+    assert done["status"] == "succeeded", done
+    assert "fox" in done["text"].lower()
+    with live_api.db.reader() as s:
+        row = s.get(Job, following["id"])
+        assert row is not None and row.worker_id == worker.id
+    print(
+        f"stopped {stopped_after:.1f} s after the cancel; "
+        f"next job done in {time.monotonic() - picked_at:.1f} s"
+    )
