@@ -183,6 +183,30 @@ def test_empty_audio_is_an_empty_transcript(transcribers, vad, word_timestamps):
     assert transcript.to_json() == {"text": "", "language": "en", "duration": 0.0, "segments": []}
 
 
+def test_the_checkpoint_runs_after_each_batch_and_a_raise_stops_the_job(transcribers, decoded):
+    from gpu_worker.holding import JobCancelled
+
+    transcriber = transcribers("silero", 1)
+    audio = decoded("speech-90s")  # several VAD chunks
+    calls: list[int] = []
+
+    transcript = transcriber.transcribe(
+        audio, language="en", prompt=None, word_timestamps=False, checkpoint=lambda: calls.append(1)
+    )
+
+    # WhisperX reports progress once per VAD chunk (one segment each), as batches complete.
+    assert len(calls) == len(transcript.segments) >= 2
+
+    def cancelled() -> None:
+        raise JobCancelled("job_1 is no longer held by this worker")
+
+    with pytest.raises(JobCancelled):
+        transcriber.transcribe(
+            audio, language="en", prompt=None, word_timestamps=False, checkpoint=cancelled
+        )
+    assert transcriber._pipeline.options.initial_prompt is None
+
+
 def test_a_file_path_is_decoded_by_the_worker_not_by_whisperx_ffmpeg(transcribers, monkeypatch):
     # whisperx.load_audio shells out to an ffmpeg binary the worker image need not have.
     audio_module = importlib.import_module("whisperx.audio")
@@ -207,7 +231,7 @@ def test_whisperx_api_has_what_the_transcriber_and_its_stand_ins_rely_on():
     assert align[:5] == ["transcript", "model", "align_model_metadata", "audio", "device"]
     assert "return_char_alignments" in align
     transcribe = inspect.signature(asr.FasterWhisperPipeline.transcribe).parameters
-    assert {"batch_size", "language", "chunk_size"} <= set(transcribe)
+    assert {"batch_size", "language", "chunk_size", "progress_callback"} <= set(transcribe)
     load_model = set(inspect.signature(asr.load_model).parameters)
     assert {"model", "vad_model", "vad_method", "vad_options", "local_files_only"} <= load_model
     assert "threads" in load_model

@@ -185,6 +185,27 @@ def test_the_default_batched_profile_keeps_wer_within_0_02_of_sequential(
     )
 
 
+def test_the_batched_profile_calls_the_checkpoint_and_a_raise_stops_the_job(
+    local_cpu_batched, fixtures_dir
+):
+    from gpu_worker.holding import JobCancelled
+
+    path = str(fixtures_dir / "speech-short.wav")
+    calls = []
+    transcript = local_cpu_batched.transcribe(
+        path, language="en", prompt=None, word_timestamps=False, checkpoint=lambda: calls.append(1)
+    )
+    assert len(calls) == len(transcript.segments) >= 1
+
+    def cancelled():
+        raise JobCancelled("job_1 is no longer held by this worker")
+
+    with pytest.raises(JobCancelled):
+        local_cpu_batched.transcribe(
+            path, language="en", prompt=None, word_timestamps=False, checkpoint=cancelled
+        )
+
+
 def gpu_profile(cpu_env, **settings):
     env = dict(cpu_env)
     env.update({f"MURMUR_{key.upper()}": value for key, value in settings.items()})
