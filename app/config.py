@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from app.fleet.catalog import SERVER_TYPES, supported_compute_types
+from gpu_worker.broker_tls import is_tls, verification_problem
 
 ComputeType = Literal["float16", "float32", "int8", "int8_float16", "int8_float32", "bfloat16"]
 VadBackend = Literal["pyannote", "silero"]
@@ -142,6 +143,24 @@ class RetentionSettings(_Strict):
     batch_size: int = Field(default=200, ge=1, le=10000)
 
 
+class RedisSettings(_Strict):
+    """Redis high availability: with `sentinels` set, every client (Celery's broker, the app's
+    own keys, cloud-init's broker URL) asks those Sentinels for the current primary of
+    `master_name`, and `redis_url` gives only the database number and credentials."""
+
+    sentinels: tuple[str, ...] = ()
+    master_name: str = Field(default="murmur", min_length=1)
+
+    @field_validator("sentinels")
+    @classmethod
+    def _host_ports(cls, sentinels: tuple[str, ...]) -> tuple[str, ...]:
+        for entry in sentinels:
+            host, _, port = entry.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"{entry!r} is not host:port")
+        return sentinels
+
+
 class ScalewaySettings(_Strict):
     api_url: str = "https://api.scaleway.com"
     project_id: str = ""
@@ -151,9 +170,14 @@ class Settings(_Strict):
     api: ApiSettings = ApiSettings()
     database_url: str = "sqlite:///var/murmur.db"
     redis_url: str = "redis://127.0.0.1:6379/0"
+    redis: RedisSettings = RedisSettings()
     # The broker URL handed to workers (cloud-init), when it differs from the control plane's:
     # a name they can reach; each worker's own Redis user goes into it (fleet.worker_broker_users).
     worker_broker_url: str | None = None
+    # PEM file of the CA that signed the broker's certificate: every rediss:// client of the
+    # control plane verifies against it, and each worker gets a copy (docs/deploy-workers.md,
+    # "Broker TLS and users"). Unset: the system's CA bundle.
+    redis_ca_certs: str | None = None
     storage_path: str = "var/audio"
     default_language: str | None = None
     fleet: FleetSettings = FleetSettings()
@@ -257,10 +281,23 @@ def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
     api: dict[str, Any] = {}
     if "MURMUR_DATABASE_URL" in env:
         out["database_url"] = env["MURMUR_DATABASE_URL"]
+    elif env.get("MURMUR_DATABASE_URL_FILE"):  # a URL with a password is a secret: from a file
+        out["database_url"] = _secret_from_env(env, "MURMUR_DATABASE_URL")
     if "MURMUR_REDIS_URL" in env:
         out["redis_url"] = env["MURMUR_REDIS_URL"]
+    redis: dict[str, Any] = {}
+    if "MURMUR_REDIS_SENTINELS" in env:
+        redis["sentinels"] = [
+            h.strip() for h in env["MURMUR_REDIS_SENTINELS"].split(",") if h.strip()
+        ]
+    if "MURMUR_REDIS_MASTER_NAME" in env:
+        redis["master_name"] = env["MURMUR_REDIS_MASTER_NAME"]
+    if redis:
+        out["redis"] = redis
     if "MURMUR_WORKER_BROKER_URL" in env:
         out["worker_broker_url"] = env["MURMUR_WORKER_BROKER_URL"]
+    if "MURMUR_REDIS_CA_CERTS" in env:
+        out["redis_ca_certs"] = env["MURMUR_REDIS_CA_CERTS"] or None
     if "MURMUR_STORAGE_PATH" in env:
         out["storage_path"] = env["MURMUR_STORAGE_PATH"]
     if "MURMUR_HOST" in env:
@@ -370,6 +407,32 @@ def _remote_worker_problems(settings: Settings) -> list[str]:
             "worker_broker_url: cloud workers cannot reach a broker on localhost; set "
             "MURMUR_WORKER_BROKER_URL (ideally a Redis user limited to transcribe.* keys)"
         )
+    return problems + broker_tls_problems(settings)
+
+
+def broker_tls_problems(settings: Settings) -> list[str]:
+    """What stops the broker connections of cloud workers and the control plane from being
+    TLS with certificate verification (the clients verify anyway; the config must say so)."""
+    problems = []
+    worker_broker = settings.worker_broker_url or settings.redis_url
+    if not _is_loopback_url(worker_broker) and not is_tls(worker_broker):
+        problems.append(
+            "worker_broker_url: workers reach the broker over the internet: use rediss:// (TLS)"
+        )
+    urls = {"redis_url": settings.redis_url, "worker_broker_url": settings.worker_broker_url}
+    for name, url in urls.items():
+        problem = verification_problem(url) if url else None
+        if problem is not None:
+            problems.append(f"{name}: {problem}")
+    ca = settings.redis_ca_certs
+    if ca:
+        try:
+            pem = Path(ca).read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            problems.append(f"redis_ca_certs: cannot read {ca}: {getattr(exc, 'strerror', exc)}")
+        else:
+            if "-----BEGIN CERTIFICATE-----" not in pem:
+                problems.append(f"redis_ca_certs: {ca} holds no PEM certificate")
     return problems
 
 

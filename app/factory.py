@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import logging
 
-import redis
 from celery import Celery
 from flask import Flask, Response
 
+from app.broker import redis_client
 from app.config import Settings, load_settings, scrape_token_problem
 from app.context import Services
 from app.db import Database
@@ -45,7 +45,7 @@ def create_app(
     app.extensions["murmur"] = Services(
         settings=settings,
         db=db or Database(settings.database_url),
-        redis=redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=2),
+        redis=redis_client(settings, socket_timeout=5, socket_connect_timeout=2),
         celery=celery,
         storage=LocalAudioStore(settings.storage_path),
     )

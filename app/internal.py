@@ -146,6 +146,9 @@ def claim(worker_id: str, instance_id: str, job_id: str) -> Response:
                 "prompt": job.prompt,
                 "word_timestamps": job.word_timestamps,
                 "duration_seconds": job.duration_seconds,
+                # The worker stops decoding past this (gpu_worker/audio.py), whatever the
+                # file claims: the probe's count is one defence, this is the second.
+                "max_audio_seconds": svc.settings.api.max_audio_seconds,
                 "audio_url": audio_url,
             }
         }

@@ -186,10 +186,12 @@ def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
         os.killpg(proc.pid, sig)
 
 
-def _broker_answers(url: str) -> Callable[[], bool]:
+def _broker_answers(url: str, ca_certs: str | None) -> Callable[[], bool]:
     import redis
 
-    client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+    from app.broker import url_client
+
+    client = url_client(url, ca_certs, socket_timeout=2, socket_connect_timeout=2)
 
     def answers() -> bool:
         try:
@@ -237,7 +239,7 @@ def running_stack(env: dict[str, str], echo: tuple[str, ...]) -> Iterator[Stack]
     url = f"http://{settings.api.host}:{settings.api.port}"
     stack = Stack(env, echo)
     stack.url = url
-    stack.probes["broker"] = _broker_answers(settings.redis_url)
+    stack.probes["broker"] = _broker_answers(settings.redis_url, settings.redis_ca_certs)
     py = sys.executable
     try:
         from app.server import gunicorn_args

@@ -1,8 +1,9 @@
 """Worker pipeline overhead: Murmur's transcription path vs bare faster-whisper, same model.
 
 Murmur's path is what the `murmur.transcribe` task runs once the audio is downloaded:
-`faster_whisper.decode_audio`, `FasterWhisperTranscriber.transcribe` (segments into typed
-records, text join) and `Transcript.to_json()`. The baseline is `WhisperModel.transcribe`
+`gpu_worker.audio.decode_bounded` (faster-whisper's samples, bounded by the job's length
+limit), `FasterWhisperTranscriber.transcribe` (segments into typed records, text join) and
+`Transcript.to_json()`. The baseline is `WhisperModel.transcribe`
 on the file with the same options, segments materialised. Both use the one loaded model,
 runs alternate, and the medians are compared; the target ratio is <= 1.05.
 
@@ -29,9 +30,9 @@ sys.path.insert(0, str(REPO))  # bench/ is not a package; run from anywhere
 importlib.import_module("gpu_worker")  # first: pins the hub offline before faster-whisper
 
 import jiwer  # noqa: E402
-from faster_whisper import decode_audio  # noqa: E402
 
 from app.config import LOCAL_CPU_PROFILE  # noqa: E402
+from gpu_worker.audio import DEFAULT_MAX_SECONDS, decode_bounded  # noqa: E402
 from gpu_worker.manifest import load_manifest, verify_asset  # noqa: E402
 from gpu_worker.transcriber import BEAM_SIZE, FasterWhisperTranscriber  # noqa: E402
 
@@ -70,13 +71,13 @@ def main() -> int:
     audio_path = str(args.audio)
 
     def murmur_batched() -> str:
-        samples = decode_audio(audio_path)
+        samples = decode_bounded(audio_path, DEFAULT_MAX_SECONDS)
         transcript = batched.transcribe(samples, language="en", prompt=None, word_timestamps=False)
         transcript.to_json()
         return transcript.text
 
     def murmur() -> str:
-        samples = decode_audio(audio_path)
+        samples = decode_bounded(audio_path, DEFAULT_MAX_SECONDS)
         transcript = transcriber.transcribe(
             samples, language="en", prompt=None, word_timestamps=False
         )
@@ -122,7 +123,7 @@ def main() -> int:
     # WER of the profile's batched path against the sequential path, on both speech fixtures.
     for fixture in ("speech-short", "speech-90s"):
         reference = (FIXTURES / f"{fixture}.txt").read_text()
-        samples = decode_audio(str(FIXTURES / f"{fixture}.wav"))
+        samples = decode_bounded(str(FIXTURES / f"{fixture}.wav"), DEFAULT_MAX_SECONDS)
         options = {"language": "en", "prompt": None, "word_timestamps": False}
         sequential_wer = word_error_rate(reference, transcriber.transcribe(samples, **options).text)
         batched_wer = word_error_rate(reference, batched.transcribe(samples, **options).text)

@@ -1,8 +1,9 @@
 """WhisperX backend on the CPU, in one run: overhead vs bare whisperx, vs faster-whisper, WER.
 
-1. Murmur's WhisperX path (`decode_audio`, `WhisperXTranscriber.transcribe`, `to_json()`) against
-   bare whisperx built with `whisperx.load_model` on the same model directory, VAD and batch
-   size, on the same file decoded the same way (`whisperx.load_audio` needs an ffmpeg binary).
+1. Murmur's WhisperX path (the task's `decode_bounded`, `WhisperXTranscriber.transcribe`,
+   `to_json()`) against bare whisperx built with `whisperx.load_model` on the same model
+   directory, VAD and batch size, on the same file decoded by faster-whisper's `decode_audio`
+   (`whisperx.load_audio` needs an ffmpeg binary).
    Runs alternate; target ratio of medians <= 1.05. Bare whisperx's own Silero loads from
    torch.hub (offline: fails), so its Silero baseline gets the same packaged-Silero VAD
    instance the worker builds; pyannote is WhisperX's own.
@@ -39,6 +40,7 @@ importlib.import_module("gpu_worker")  # first: pins the hub offline before any 
 import jiwer  # noqa: E402
 from faster_whisper import decode_audio  # noqa: E402
 
+from gpu_worker.audio import DEFAULT_MAX_SECONDS, decode_bounded  # noqa: E402
 from gpu_worker.manifest import load_manifest, verify_asset  # noqa: E402
 from gpu_worker.transcriber import (  # noqa: E402
     CHUNK_SECONDS,
@@ -116,8 +118,9 @@ def main() -> int:
 
     def murmur(transcriber: Any, audio_path: str) -> Callable[[], str]:
         def run() -> str:
+            samples = decode_bounded(audio_path, DEFAULT_MAX_SECONDS)
             transcript = transcriber.transcribe(
-                decode_audio(audio_path), language="en", prompt=None, word_timestamps=False
+                samples, language="en", prompt=None, word_timestamps=False
             )
             transcript.to_json()
             return str(transcript.text)

@@ -17,6 +17,7 @@ from typing import Any
 from celery import Celery, Task
 from celery.exceptions import Reject
 
+from gpu_worker.broker_tls import celery_broker
 from gpu_worker.client import ControlPlaneError, ControlPlaneUnavailable
 from gpu_worker.jobs import DrainDeadlineExceeded, Outcome
 
@@ -34,11 +35,20 @@ MAX_RETRIES = 5
 RETRY_BACKOFF_MAX_SECONDS = 60
 
 
-def celery_config(broker_url: str, queue: str) -> dict[str, Any]:
+def celery_config(
+    broker_url: str,
+    queue: str,
+    master_name: str | None = None,
+    broker_ca_certs: str | None = None,
+) -> dict[str, Any]:
+    # A sentinel:// broker names the Redis primary through Sentinel: kombu needs its name.
+    sentinel = {"master_name": master_name} if master_name else {}
     return {
-        "broker_url": broker_url,
+        # rediss://: the broker's certificate is verified against `broker_ca_certs` (or the
+        # system's CAs), whatever the URL's query says (gpu_worker/broker_tls.py).
+        **celery_broker(broker_url, broker_ca_certs),
         "broker_connection_retry_on_startup": True,
-        "broker_transport_options": {"visibility_timeout": VISIBILITY_TIMEOUT_SECONDS},
+        "broker_transport_options": {"visibility_timeout": VISIBILITY_TIMEOUT_SECONDS, **sentinel},
         "visibility_timeout": VISIBILITY_TIMEOUT_SECONDS,
         "result_backend": None,
         "task_ignore_result": True,
@@ -70,6 +80,8 @@ def make_celery(
     queue: str,
     run_job: Callable[[str], Outcome],
     on_retired: Callable[[], None] = lambda: os.kill(os.getpid(), signal.SIGTERM),
+    master_name: str | None = None,
+    broker_ca_certs: str | None = None,
 ) -> Celery:
     """A Celery app whose `murmur.transcribe` task calls `run_job(job_id)`.
 
@@ -78,7 +90,7 @@ def make_celery(
     no longer accepts (this worker was retired) hands the message back and stops the worker.
     """
     app = Celery("murmur-worker", set_as_current=False)
-    app.conf.update(celery_config(broker_url, queue))
+    app.conf.update(celery_config(broker_url, queue, master_name, broker_ca_certs))
 
     def transcribe(task: Task, job_id: str) -> str:
         try:

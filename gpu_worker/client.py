@@ -16,7 +16,7 @@ from typing import IO, Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import requests
-from pydantic import BaseModel, ConfigDict, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 log = logging.getLogger(__name__)
 # urllib3 logs every request line, query string (audio signature) included, at DEBUG.
@@ -72,6 +72,9 @@ class ClaimedJob(BaseModel):
     word_timestamps: bool = False
     audio_url: str
     duration_seconds: float | None = None
+    # The job's length limit; absent from an older control plane (the worker then applies
+    # gpu_worker.audio.DEFAULT_MAX_SECONDS).
+    max_audio_seconds: float | None = Field(default=None, gt=0, allow_inf_nan=False)
 
 
 def redact_url(url: str) -> str:

@@ -20,8 +20,8 @@ from typing import IO, Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
-from faster_whisper import decode_audio
 
+from gpu_worker.audio import DEFAULT_MAX_SECONDS, AudioTooLong, decode_bounded
 from gpu_worker.client import AudioDownloadError, AudioTooLarge, ClaimedJob, ControlPlaneError
 from gpu_worker.holding import CHECK_INTERVAL_SECONDS, CancelWatch, JobCancelled
 from gpu_worker.state import JobEnd, WorkerState
@@ -155,9 +155,12 @@ def _fetch_audio(client: ControlPlane, claim: ClaimedJob) -> npt.NDArray[np.floa
         raise JobFailure("audio_too_large", str(exc)) from None
     except AudioDownloadError as exc:
         raise JobFailure("audio_download_failed", str(exc)) from None
+    limit = claim.max_audio_seconds or DEFAULT_MAX_SECONDS
     with audio_file:
         try:
-            return decode_audio(audio_file, sampling_rate=SAMPLE_RATE)  # type: ignore[no-any-return]
+            return decode_bounded(audio_file, limit, expected_seconds=claim.duration_seconds)
+        except AudioTooLong as exc:
+            raise JobFailure("audio_too_long", str(exc)) from None
         except Exception as exc:
             # PyAV raises its own error types (InvalidDataError, ...) for bad input.
             raise JobFailure(

@@ -7,6 +7,7 @@ stops the worker with one message per bad variable that names it and what it acc
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Literal, get_args
@@ -53,6 +54,10 @@ class WorkerIdentity(BaseModel):
     control_url: str
     # A Redis URL may carry a password, so it is as secret as the token.
     broker_url: SecretStr
+    # Set with a sentinel:// broker URL: the primary's name in Redis Sentinel.
+    broker_master_name: str | None = None
+    # The CA file a rediss:// broker's certificate is verified against (None: the system's).
+    broker_ca_certs: str | None = None
 
 
 class RuntimeProfile(BaseModel):
@@ -161,8 +166,17 @@ def _read_identity(reader: _EnvReader) -> WorkerIdentity | None:
     )
     broker_url = reader.secret(
         "MURMUR_BROKER_URL",
-        lambda value: urlsplit(value).scheme in ("redis", "rediss"),
-        "is not a redis:// or rediss:// URL",
+        lambda value: urlsplit(value).scheme in ("redis", "rediss", "sentinel"),
+        "is not a redis://, rediss:// or sentinel:// URL",
+    )
+    master_name = reader.text(
+        "MURMUR_BROKER_MASTER_NAME", _ID.fullmatch, "is not a Sentinel master name", required=False
+    )
+    if broker_url is not None and urlsplit(broker_url).scheme == "sentinel" and not master_name:
+        reader.problems.append("MURMUR_BROKER_MASTER_NAME: not set; a sentinel:// broker needs it")
+        return None
+    broker_ca_certs = reader.text(
+        "MURMUR_BROKER_CA_CERTS", _is_readable_file, "is not a readable CA file", required=False
     )
     if None in (worker_id, instance_id, token, control_url, broker_url):
         return None
@@ -174,8 +188,14 @@ def _read_identity(reader: _EnvReader) -> WorkerIdentity | None:
             # The protocol says no trailing slash; tolerate one rather than build "//internal".
             "control_url": str(control_url).rstrip("/"),
             "broker_url": broker_url,
+            "broker_master_name": master_name,
+            "broker_ca_certs": broker_ca_certs,
         }
     )
+
+
+def _is_readable_file(value: str) -> bool:
+    return os.access(value, os.R_OK) and os.path.isfile(value)
 
 
 def _is_http_url(value: str) -> bool:

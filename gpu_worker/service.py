@@ -154,7 +154,13 @@ def _serve(
     def run_job(job_id: str) -> Outcome:
         return drain.run(job_id, lambda job: process_job(job, context))
 
-    app = make_celery(identity.broker_url.get_secret_value(), profile.queue, run_job)
+    app = make_celery(
+        identity.broker_url.get_secret_value(),
+        profile.queue,
+        run_job,
+        master_name=identity.broker_master_name,
+        broker_ca_certs=identity.broker_ca_certs,
+    )
     worker = app.Worker(
         hostname=f"{identity.worker_id}@{identity.instance_id}",
         pool_cls="solo",

@@ -10,7 +10,9 @@ from typing import Any
 
 from celery import Celery
 
+from app.broker import celery_broker_settings
 from app.config import Settings, load_settings
+from app.redis_primary import broker_transport_options
 
 CONTROL_QUEUE = "control"
 TRANSCRIBE_TASK = "murmur.transcribe"
@@ -21,11 +23,15 @@ VISIBILITY_TIMEOUT_SECONDS = 4 * 3600
 
 def celery_config(settings: Settings) -> dict[str, Any]:
     return {
-        "broker_url": settings.redis_url,
+        # rediss://: the broker's certificate is always verified (gpu_worker/broker_tls.py).
+        **celery_broker_settings(settings),
         "broker_connection_retry_on_startup": True,
         # An API request that finds the broker down answers quickly instead of hanging.
         "broker_connection_timeout": 2.0,
-        "broker_transport_options": {"visibility_timeout": VISIBILITY_TIMEOUT_SECONDS},
+        "broker_transport_options": {
+            "visibility_timeout": VISIBILITY_TIMEOUT_SECONDS,
+            **broker_transport_options(settings),
+        },
         "visibility_timeout": VISIBILITY_TIMEOUT_SECONDS,
         "task_ignore_result": True,
         "task_acks_late": True,

@@ -6,6 +6,7 @@ from functools import lru_cache
 
 import redis
 
+from app.broker import redis_client as broker_client
 from app.config import Settings, load_settings
 from app.db import Database
 
@@ -22,7 +23,7 @@ def database() -> Database:
 
 @lru_cache(maxsize=1)
 def redis_client() -> redis.Redis:
-    return redis.Redis.from_url(settings().redis_url, socket_timeout=5, socket_connect_timeout=5)
+    return broker_client(settings(), socket_timeout=5, socket_connect_timeout=5)
 
 
 def reset() -> None:

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import click
-import redis
 
+from app.broker import redis_client
 from app.config import ConfigError, check_settings, load_settings
 from app.db import Database
 from app.fleet.service import fleet_overview
@@ -88,7 +88,7 @@ def fleet_command(as_json: bool) -> None:
         click.echo("configuration problems:\n  - " + "\n  - ".join(exc.problems), err=True)
         sys.exit(1)
     db = Database(settings.database_url)
-    client = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
+    client = redis_client(settings, socket_timeout=5, socket_connect_timeout=5)
     try:
         view = fleet_overview(settings, db, client, utcnow())
     finally:

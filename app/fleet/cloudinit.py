@@ -8,13 +8,20 @@ The user data (`render_user_data`) runs the worker on a stock GPU OS image with 
 NVIDIA container toolkit (docs/deploy-workers.md): a root-only env file, a script that pulls
 the worker image by digest and records how long that took, and a systemd unit that runs the
 container with the GPUs and gives it longer to stop than the worker takes to drain.
+When the worker's broker is rediss:// and `redis_ca_certs` is set, that CA certificate (not a
+secret) is written to the instance too and mounted read-only into the container, and the
+worker verifies the broker against it (MURMUR_BROKER_CA_CERTS).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from app.config import Profile, Settings, worker_image_problem
 from app.credentials import InstanceCredential
 from app.fleet.catalog import SERVER_TYPES
+from app.redis_primary import broker_url
+from gpu_worker.broker_tls import is_tls
 
 # Scaleway documents no user-data size limit; we keep ours far below the common 16 KiB cap.
 USER_DATA_LIMIT_BYTES = 16 * 1024
@@ -34,6 +41,9 @@ ENV_FILE = "/etc/murmur/worker.env"
 PULL_SCRIPT = "/usr/local/lib/murmur/pull-worker-image"
 PULL_ENV_FILE = "/run/murmur/pull.env"
 CONTAINER_NAME = "murmur-worker"
+BROKER_CA_VAR = "MURMUR_BROKER_CA_CERTS"
+# The same path on the instance and inside the container (mounted read-only).
+BROKER_CA_FILE = "/etc/murmur/broker-ca.pem"
 
 
 def worker_environment(
@@ -47,12 +57,20 @@ def worker_environment(
     credential = InstanceCredential.derive(settings.reveal("signing_key"), worker_id, instance_id)
     stype = SERVER_TYPES.get(profile.server_type)
     device = "cuda" if stype is not None and stype.gpu is not None else "cpu"
+    broker = broker_url or settings.worker_broker_url or settings.redis_url
+    # The control plane's path: right for a local subprocess; render_user_data ships the file.
+    tls_ca = (
+        {BROKER_CA_VAR: settings.redis_ca_certs}
+        if is_tls(broker) and settings.redis_ca_certs
+        else {}
+    )
     return {
         "MURMUR_WORKER_ID": worker_id,
         "MURMUR_INSTANCE_ID": instance_id,
         "MURMUR_WORKER_TOKEN": credential.token,
         "MURMUR_CONTROL_URL": settings.api.public_url.rstrip("/"),
-        "MURMUR_BROKER_URL": broker_url or settings.worker_broker_url or settings.redis_url,
+        "MURMUR_BROKER_URL": broker,
+        **tls_ca,
         "MURMUR_PROFILE": profile.name,
         "MURMUR_MODEL": profile.model,
         "MURMUR_DEVICE": device,
@@ -62,6 +80,18 @@ def worker_environment(
         "MURMUR_BATCH_SIZE": str(profile.batch_size),
         "MURMUR_OBSERVABILITY_ENABLED": "1" if settings.observability.enabled else "0",
         "MURMUR_REPORT_INTERVAL": str(settings.observability.report_interval_seconds),
+        **_sentinel_broker(settings, broker_url),
+    }
+
+
+def _sentinel_broker(settings: Settings, own_url: str | None) -> dict[str, str]:
+    """Without a worker broker URL of their own, workers follow the primary through Sentinel,
+    with their own broker user's credentials when they have one (never the control plane's)."""
+    if settings.worker_broker_url or not settings.redis.sentinels:
+        return {}
+    return {
+        "MURMUR_BROKER_URL": broker_url(settings, credentials_from=own_url),
+        "MURMUR_BROKER_MASTER_NAME": settings.redis.master_name,
     }
 
 
@@ -78,6 +108,10 @@ def render_user_data(env: dict[str, str], profile: Profile) -> str:
     stype = SERVER_TYPES.get(profile.server_type)
     gpus = stype is not None and stype.gpu is not None
     env = {DRAIN_TIMEOUT_VAR: f"{WORKER_DRAIN_TIMEOUT_SECONDS:g}", **env}
+    ca_file = ""
+    if env.get(BROKER_CA_VAR):
+        ca_file = _file(BROKER_CA_FILE, "0644", _read_ca(env[BROKER_CA_VAR]))
+        env[BROKER_CA_VAR] = BROKER_CA_FILE
     for key, value in env.items():
         if not key.isidentifier() or any(c in value for c in "\r\n\0"):
             raise ValueError(f"worker environment: {key} cannot go in an env file")
@@ -86,8 +120,13 @@ def render_user_data(env: dict[str, str], profile: Profile) -> str:
         "#cloud-config\n"
         "write_files:\n"
         + _file(ENV_FILE, "0600", body)
+        + ca_file
         + _file(PULL_SCRIPT, "0755", _pull_script())
-        + _file(UNIT_FILE, "0644", worker_unit(image, float(env[DRAIN_TIMEOUT_VAR]), gpus))
+        + _file(
+            UNIT_FILE,
+            "0644",
+            worker_unit(image, float(env[DRAIN_TIMEOUT_VAR]), gpus, broker_ca=bool(ca_file)),
+        )
         + "runcmd:\n"
         "  - [systemctl, daemon-reload]\n"
         f"  - [systemctl, enable, --now, {UNIT_NAME}]\n"
@@ -95,6 +134,17 @@ def render_user_data(env: dict[str, str], profile: Profile) -> str:
     if len(user_data.encode()) > USER_DATA_LIMIT_BYTES:
         raise ValueError(f"cloud-init user data exceeds {USER_DATA_LIMIT_BYTES} bytes")
     return user_data
+
+
+def _read_ca(path: str) -> str:
+    """The broker's CA certificate(s) in PEM; a ValueError when unreadable or not PEM."""
+    try:
+        pem = Path(path).read_text(encoding="ascii")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"redis_ca_certs: cannot read {path} ({type(exc).__name__})") from None
+    if "-----BEGIN CERTIFICATE-----" not in pem:
+        raise ValueError(f"redis_ca_certs: {path} holds no PEM certificate")
+    return pem
 
 
 def _file(path: str, mode: str, content: str) -> str:
@@ -123,10 +173,11 @@ def _pull_script() -> str:
     )
 
 
-def worker_unit(image: str, drain_seconds: float, gpus: bool) -> str:
+def worker_unit(image: str, drain_seconds: float, gpus: bool, *, broker_ca: bool = False) -> str:
     """The systemd unit that runs the worker container (`image` already checked by digest)."""
     stop = int(drain_seconds) + STOP_MARGIN_SECONDS  # Docker's SIGKILL comes after the drain
     gpu_flag = " --gpus all" if gpus else ""
+    ca_mount = f" --volume {BROKER_CA_FILE}:{BROKER_CA_FILE}:ro" if broker_ca else ""
     return (
         "[Unit]\n"
         "Description=Murmur transcription worker\n"
@@ -141,7 +192,7 @@ def worker_unit(image: str, drain_seconds: float, gpus: bool) -> str:
         "RuntimeDirectory=murmur\n"
         f"ExecStartPre=-/usr/bin/docker rm --force {CONTAINER_NAME}\n"
         f"ExecStartPre={PULL_SCRIPT} {PULL_ENV_FILE} {image}\n"
-        f"ExecStart=/usr/bin/docker run --rm --name {CONTAINER_NAME}{gpu_flag} "
+        f"ExecStart=/usr/bin/docker run --rm --name {CONTAINER_NAME}{gpu_flag}{ca_mount} "
         f"--env-file {ENV_FILE} --env-file {PULL_ENV_FILE} --stop-timeout {stop} "
         f"--log-driver journald {image}\n"
         f"ExecStop=/usr/bin/docker stop --time {stop} {CONTAINER_NAME}\n"

@@ -28,6 +28,8 @@ jobs_bp = Blueprint("jobs", __name__)
 
 OPENAI_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 # Job failures caused by what the client sent (answered 400, not 502, by the sync endpoint).
+# audio_too_large: the download passed the worker's byte cap; audio_too_long: the decoded audio
+# passed the job's length limit (gpu_worker/audio.py).
 _CLIENT_FAILURES = frozenset(
     {"audio_decode_failed", "audio_too_large", "audio_too_long", "unsupported_language"}
 )

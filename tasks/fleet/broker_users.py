@@ -3,7 +3,8 @@
 A worker's user may consume its profile's queue and touch only the few shared keys kombu's
 Redis transport needs for acks_late delivery (`unacked*`), remote control (`celery.pidbox`)
 and events (the `celeryev` channels) — never the control queue, another profile's queue, the
-control plane's own keys or other workers' snapshots (see docs/deploy-workers.md, "The broker").
+control plane's own keys or other workers' snapshots (see docs/deploy-workers.md, "Broker
+TLS and users").
 Its password is random, is never stored by the control plane, and travels only in that
 worker's user data. Invariant: a user named `USER_PREFIX + <worker id>` exists only while its
 worker row is not deleted; `sweep` (every reconcile) removes any other user with the prefix.

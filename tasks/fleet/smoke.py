@@ -22,9 +22,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import redis
 from sqlalchemy import update
 
+from app.broker import redis_client
 from app.config import Profile, Settings
 from app.db import Database
 from app.fleet import readiness
@@ -308,7 +308,7 @@ def process_services(settings: Settings) -> FleetServices:
     return FleetServices(
         settings=settings,
         db=Database(settings.database_url),
-        redis=redis.Redis.from_url(settings.redis_url, socket_timeout=10, socket_connect_timeout=5),
+        redis=redis_client(settings, socket_timeout=10, socket_connect_timeout=5),
         celery=make_celery(settings),
         providers=ProviderRegistry(settings),
     )

@@ -18,6 +18,10 @@ allows nothing. An action a state does not allow answers 409 `transient_state` i
 state (`starting`, `stopping`, `locked`) and 400 otherwise. An out-of-stock may also come after
 an accepted `poweron`: the server falls back to `stopped`, state_detail "out of stock".
 
+An optional `host` plays what runs on a server: told at an accepted `poweron` (with the
+server's user data) and when the server is asked to stop (`terminate`, `poweroff`,
+`stop_in_place`, DELETE), so a test can run a real worker from the rendered cloud-init.
+
 Assumptions where the reference is silent: deleting a Block volume that is still attached
 answers 409 `precondition_failed`; a `stop_in_place` releases nothing (IPs stay attached);
 `terminate` deletes local (`l_ssd`) volumes, DELETE of a stopped server only detaches them
@@ -33,7 +37,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from werkzeug.exceptions import HTTPException, NotFound
 from werkzeug.routing import Map, Rule
@@ -64,6 +68,14 @@ _TRANSIENT = ("starting", "stopping", "locked")
 
 def _now() -> str:
     return datetime.now(UTC).isoformat()
+
+
+class InstanceHost(Protocol):
+    """What runs on the emulated servers (tests/fleet/worker_host.py runs real workers)."""
+
+    def power_on(self, server_id: str, user_data: dict[str, bytes]) -> None: ...
+
+    def power_off(self, server_id: str) -> None: ...
 
 
 @dataclass
@@ -161,7 +173,9 @@ class InstanceEmulator:
         boot_observations: int = 1,
         stop_observations: int = 1,
         page_size: int = 50,
+        host: InstanceHost | None = None,
     ) -> None:
+        self.host = host
         self.secret_key = secret_key
         self.project_id = project_id
         self.boot_observations = boot_observations
@@ -614,8 +628,11 @@ class InstanceEmulator:
                     )
                 self.events.append(("delete", zone, sid))
                 self._remove(srv, terminated=False)
-                return Response(status=204)
-            return self._json({"server": srv.data})
+            else:
+                return self._json({"server": srv.data})
+        if self.host is not None:
+            self.host.power_off(sid)
+        return Response(status=204)
 
     def _h_action(self, request: Request, zone: str, sid: str) -> Response:
         body = request.get_json(force=True, silent=True) or {}
@@ -647,6 +664,7 @@ class InstanceEmulator:
                     f"action {action} is not allowed in state {srv.data['state']}",
                 )
             self.events.append((action, zone, sid))
+            boots: dict[str, bytes] | None = None
             if action == "poweron":
                 srv.data.update(
                     state="starting",
@@ -676,6 +694,7 @@ class InstanceEmulator:
                     srv.pending = ("out of stock", self.boot_observations)
                 else:
                     srv.pending = ("running", self.boot_observations)
+                    boots = dict(srv.user_data)
             elif action == "terminate":
                 srv.data.update(state="stopping", allowed_actions=[])
                 srv.pending = ("gone", self.stop_observations)
@@ -696,7 +715,12 @@ class InstanceEmulator:
                 "progress": 0,
                 "zone": zone,
             }
-            return self._json({"task": task}, 202)
+        # Outside the lock: starting or stopping what runs on the server takes a while.
+        if self.host is not None and boots is not None:
+            self.host.power_on(sid, boots)
+        elif self.host is not None and action in ("terminate", "poweroff", "stop_in_place"):
+            self.host.power_off(sid)
+        return self._json({"task": task}, 202)
 
     def _flexible_ip(self, zone: str, srv: _Server) -> dict[str, Any]:
         iid = str(uuid.uuid4())

@@ -191,7 +191,9 @@ def test_compose_runs_the_stack_with_pinned_images_and_secrets() -> None:
         assert services[name]["environment"]["MURMUR_SCRAPE_TOKEN_FILE"] == (
             "/run/secrets/scrape_token"
         )
-    assert "FLOWER_BASIC_AUTH" in services["flower"]["environment"]
+    # Flower's UI keeps basic auth, from a config file mounted as a secret (not the env).
+    assert "--conf=/run/secrets/flowerconfig" in services["flower"]["command"]
+    assert "flowerconfig" in services["flower"]["secrets"]
     assert "scrape_token" in services["prometheus"]["secrets"]
     # Provider keys only where instances are created and deleted.
     holders = {n for n, s in services.items() if "scw_secret_key" in s.get("secrets", [])}

@@ -9,6 +9,7 @@ from gpu_worker.client import ControlPlaneClient, ControlPlaneUnavailable
 from gpu_worker.jobs import DrainDeadlineExceeded, JobContext, Outcome, process_job
 from gpu_worker.state import Phase, WorkerState
 from gpu_worker.transcriber import FasterWhisperTranscriber
+from tests.audio_encode import lying_flac
 
 pytestmark = pytest.mark.slow
 
@@ -103,6 +104,22 @@ def test_undecodable_audio_is_reported_as_a_failure(control_plane, transcriber):
     failure = control_plane.failures["job_1"]
     assert failure["code"] == "audio_decode_failed"
     assert failure["message"].startswith("the audio could not be decoded: ")
+
+
+def test_audio_past_the_jobs_limit_fails_before_transcription(control_plane):
+    # The header says 10 s; the worker counts what it decodes and stops at the claim's limit.
+    audio = lying_flac(seconds=3600, stated_seconds=10)
+    control_plane.add_job("job_1", audio, duration_seconds=10.0, max_audio_seconds=60.0)
+    never = BrokenTranscriber(AssertionError("audio past the limit reached the transcriber"))
+    context = context_for(control_plane, never)
+
+    assert process_job("job_1", context) is Outcome.FAILED
+    assert control_plane.failures["job_1"] == {
+        "code": "audio_too_long",
+        "message": "the audio lasts more than 60 s; the limit is 60 s",
+    }
+    assert never.released == 1
+    assert context.state.snapshot().jobs_failed == 1
 
 
 def test_audio_that_cannot_be_fetched_is_reported(control_plane, transcriber):

@@ -143,7 +143,7 @@ def test_secrets_are_refused_without_being_echoed(cpu_env):
 
     assert problems == [
         "MURMUR_WORKER_TOKEN: is not a 64-character hex HMAC (value not shown)",
-        "MURMUR_BROKER_URL: is not a redis:// or rediss:// URL (value not shown)",
+        "MURMUR_BROKER_URL: is not a redis://, rediss:// or sentinel:// URL (value not shown)",
     ]
     assert "not-hex-secret-value" not in "\n".join(problems)
     assert "brokersecret" not in "\n".join(problems)

@@ -1,0 +1,537 @@
+"""What the fleet pays for a scripted day of demand: GPU-seconds, euros above a floor, leaks.
+
+The real reconcile (planner, apply, the `scaleway` provider and its SDK) runs against
+tests/fleet/emulator.py on 127.0.0.1, a real Redis and a SQLite file, on a simulated clock
+(`svc.clock`) stepped one reconcile interval at a time, and skipped ahead only while nothing
+is live (no job unfinished, no worker row undeleted), when a reconcile has nothing to do.
+
+Workers are simulated, at the rows the real ones change: readiness through
+`app.fleet.readiness.mark_ready` (what `POST …/ready` calls); a claim pops the job's message
+from `transcribe.<profile>` (as the Celery consumer does) and makes the row updates of
+`app.jobs.service.claim_job`; a finish makes those of `store_result`; heartbeats set
+`last_seen_at`. Those service functions stamp the wall clock, so the simulation writes the
+same columns with the simulated one (the same choice as tests/fleet/conftest.py's helpers).
+A worker is ready `BOOT_SECONDS` after it was requested and transcribes at `SPEED` times
+real time; a profile with a broken image never becomes ready.
+
+Paid time is what Scaleway bills: from the server's creation to its confirmed deletion. It is
+split into busy (a job running), booting (creation → ready) and idle (ready, no job); booting
+of a worker that never ran a job is "for nothing". The floor is a fleet with perfect
+foresight: each transcribed job processed on the cheapest profile feasible (enabled, in stock,
+its image working) when it was submitted, paying processing time only — no boot, no idle.
+Excess = paid − floor. The day runs twice: as is, and by an "informed" fleet whose profiles
+are disabled exactly while infeasible (stock-out, broken image), the price of finding out
+being the difference. Leaks are read back at the end of each: servers, IPs and volumes from
+the emulator, and the Redis ACL users of the run's workers.
+
+Bounded: at most MAX_ROUNDS reconciles per run and MAX_WALL_SECONDS of wall time in all;
+exits non-zero if a day did not finish or anything leaked.
+Run: .venv/bin/python bench/fleet_economics.py (MURMUR_BENCH_REDIS_URL, default
+redis://127.0.0.1:6379/13: a database it empties).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import redis  # noqa: E402
+from sqlalchemy import select  # noqa: E402
+
+from app.db import Base, Database  # noqa: E402
+from app.fleet import readiness  # noqa: E402
+from app.jobs.service import cancel_job  # noqa: E402
+from app.models import Job, JobStatus, Worker, WorkerState  # noqa: E402
+from tasks.celery_app import make_celery  # noqa: E402
+from tasks.dispatch import _job_of  # noqa: E402
+from tasks.fleet.broker_users import USER_PREFIX  # noqa: E402
+from tasks.fleet.reconcile import reconcile  # noqa: E402
+from tasks.fleet.services import FleetServices  # noqa: E402
+from tasks.fleet.snapshot import as_utc  # noqa: E402
+from tasks.providers import ProviderRegistry  # noqa: E402
+from tasks.providers.scaleway import ScalewayProvider  # noqa: E402
+from tests.fleet.conftest import (  # noqa: E402
+    L4,
+    P100,
+    PROJECT_ID,
+    SECRET_KEY,
+    FakeClock,
+    fleet_settings,
+    runtime_for,
+)
+from tests.fleet.emulator import Fault, InstanceEmulator  # noqa: E402
+
+REDIS_URL = os.environ.get("MURMUR_BENCH_REDIS_URL", "redis://127.0.0.1:6379/13")
+DAY = datetime(2026, 3, 2, 8, 0, tzinfo=FakeClock().now.tzinfo)
+END = DAY + timedelta(hours=12)
+INTERVAL = 5.0  # fleet.reconcile_interval_seconds
+MAX_ROUNDS = 12_000
+MAX_WALL_SECONDS = 300.0
+HEARTBEAT_SECONDS = 30.0
+
+# Assumed per profile: request → ready, and audio seconds transcribed per second of GPU.
+BOOT_SECONDS = {"l4-par2": 120.0, "p100-par1": 150.0}
+SPEED = {"l4-par2": 30.0, "p100-par1": 15.0}
+PRICE = {"l4-par2": float(L4["hourly_cost_eur"]), "p100-par1": float(P100["hourly_cost_eur"])}
+ORDER = ("l4-par2", "p100-par1")
+# Episodes of the day (minutes after 08:00), for the per-episode table: a worker belongs to
+# the episode in which it was requested.
+EPISODES = (
+    ("09:00 burst of 30", 0, 150),
+    ("10:30 L4 stock-out, clears 11:00", 150, 300),
+    ("13:00 10 jobs, 6 cancelled", 300, 420),
+    ("15:00 broken L4 image, fixed 17:00", 420, 545),
+    ("17:10 trickle, 1 job / 10 min", 545, 24 * 60),
+)
+
+
+@dataclass
+class Day:
+    """The script: what happens at each simulated moment, and what was feasible when."""
+
+    events: list[tuple[datetime, str, Any]] = field(default_factory=list)
+    # Windows [start, end) in which a profile could not have served (stock-out, broken image).
+    unavailable: list[tuple[str, datetime, datetime]] = field(default_factory=list)
+
+    def at(self, minutes: float, kind: str, arg: Any = None) -> None:
+        self.events.append((DAY + timedelta(minutes=minutes), kind, arg))
+
+    def feasible(self, profile: str, when: datetime) -> bool:
+        return not any(p == profile and a <= when < b for p, a, b in self.unavailable)
+
+
+def script(rng: random.Random) -> Day:
+    day = Day()
+
+    def burst(minute: float, n: int, lo: float = 60, hi: float = 1800) -> None:
+        for i in range(n):
+            day.at(minute + i * 0.02, "submit", rng.uniform(lo, hi))
+
+    burst(60, 30)  # 09:00 the morning backlog
+    day.at(150, "stockout", "L4-1-24G")  # 10:30 L4 sold out ...
+    burst(155, 12)
+    day.at(180, "restock", "L4-1-24G")  # ... 11:00 back in stock
+    day.unavailable.append(("l4-par2", DAY + timedelta(minutes=150), DAY + timedelta(minutes=180)))
+    burst(185, 12)  # 11:05: should go to the L4 again
+    burst(300, 10)  # 13:00 ten jobs, six cancelled a minute later (some workers still booting)
+    day.at(301, "cancel", 6)
+    day.at(420, "break", "l4-par2")  # 15:00 a bad worker image rolled out on the L4 profile
+    burst(425, 4)
+    day.at(540, "fix", "l4-par2")  # 17:00 fixed
+    day.unavailable.append(("l4-par2", DAY + timedelta(minutes=420), DAY + timedelta(minutes=540)))
+    for k in range(12):  # 17:10–19:00 a trickle, one job every 10 minutes
+        day.at(550 + 10 * k, "submit", rng.uniform(30, 600))
+    day.events.sort(key=lambda e: e[0])
+    return day
+
+
+PROFILE_OF_TYPE = {"L4-1-24G": "l4-par2", "RENDER-S": "p100-par1"}
+
+
+class Simulation:
+    """One run of the day. `informed`: the counterfactual fleet that knows what is feasible
+    (a profile is disabled exactly while it is out of stock or its image is broken)."""
+
+    def __init__(self, tmp: Path, emulator: InstanceEmulator, *, informed: bool = False) -> None:
+        self.informed = informed
+        self.emulator = emulator
+        groups = {
+            "workers-par2": {
+                "id": emulator.add_security_group("fr-par-2", "m"),
+                "zone": "fr-par-2",
+            },
+            "workers-par1": {
+                "id": emulator.add_security_group("fr-par-1", "m"),
+                "zone": "fr-par-1",
+            },
+        }
+        settings = fleet_settings(
+            emulator.url,
+            groups,
+            [L4, P100],
+            fleet={
+                "reconcile_interval_seconds": INTERVAL,
+                # The shipped defaults, stated so the figures say what they were measured with.
+                "idle_timeout_seconds": 60.0,
+                "boot_timeout_seconds": 900.0,
+                "backoff_seconds": 60.0,
+                "backoff_max_seconds": 900.0,
+                "max_failed_boots": 3,
+                "max_attempts": 3,
+            },
+        ).model_copy(update={"redis_url": REDIS_URL})
+        self.db = Database(f"sqlite:///{tmp}/economics.db")
+        Base.metadata.create_all(self.db.engine)
+        self.redis = redis.Redis.from_url(REDIS_URL)
+        self.redis.flushdb()
+        self.clock = FakeClock(DAY)
+        self.celery = make_celery(settings)
+        self.svc = FleetServices(
+            settings=settings,
+            db=self.db,
+            redis=self.redis,
+            celery=self.celery,
+            providers=ProviderRegistry(
+                settings,
+                {"scaleway": ScalewayProvider(settings, poll_interval=0.01, teardown_wait=1.0)},
+            ),
+            clock=self.clock,
+        )
+        self.broken: set[str] = set()
+        self.stockouts: dict[str, Fault] = {}
+        self.audio: dict[str, float] = {}  # job id -> audio seconds
+        self.submitted_at: dict[str, datetime] = {}
+        # When a worker stopped a job it did not finish (cancel_job stamps the wall clock).
+        self.stopped_at: dict[tuple[str, str], datetime] = {}
+        self.rounds = 0
+        self.peak: dict[str, int] = {}
+        self.accounts: dict[str, float] = {}
+        self.left: dict[str, int] = {}
+
+    # -- the script's events ----------------------------------------------------------------
+
+    def submit(self, audio_seconds: float) -> None:
+        now = self.clock()
+        with self.db.session() as s:
+            job = Job(
+                owner="bench",
+                source="upload",
+                audio_key="x",
+                status=JobStatus.QUEUED.value,
+                duration_seconds=audio_seconds,
+                created_at=now,
+            )
+            s.add(job)
+            s.flush()
+            self.audio[job.id] = audio_seconds
+            self.submitted_at[job.id] = now
+
+    def event(self, kind: str, arg: Any) -> None:
+        if kind == "submit":
+            self.submit(float(arg))
+        elif kind == "cancel":
+            with self.db.reader() as s:
+                newest = list(
+                    s.scalars(select(Job.id).order_by(Job.created_at.desc()).limit(int(arg)))
+                )
+            for job_id in newest:
+                cancel_job(self.db, job_id, "bench")
+        elif self.informed:
+            name = PROFILE_OF_TYPE.get(arg, arg)
+            self.enable(name, kind in ("restock", "fix"))
+        elif kind == "stockout":
+            self.stockouts[arg] = self.emulator.inject(
+                "create", "out_of_stock", commercial_type=arg
+            )
+        elif kind == "restock":
+            with self.emulator.lock:
+                self.emulator.faults.remove(self.stockouts.pop(arg))
+        elif kind == "break":
+            self.broken.add(arg)
+        elif kind == "fix":
+            self.broken.discard(arg)
+
+    def enable(self, name: str, enabled: bool) -> None:
+        settings = self.svc.settings
+        profiles = [
+            p.model_copy(update={"enabled": enabled}) if p.name == name else p
+            for p in settings.profiles
+        ]
+        self.svc.settings = settings.model_copy(update={"profiles": profiles})
+
+    # -- the simulated workers --------------------------------------------------------------
+
+    def workers_step(self) -> None:
+        now = self.clock()
+        with self.db.session() as s:
+            live = list(
+                s.scalars(
+                    select(Worker).where(
+                        Worker.state.in_(
+                            [
+                                WorkerState.CREATING.value,
+                                WorkerState.BOOTING.value,
+                                WorkerState.READY.value,
+                            ]
+                        )
+                    )
+                )
+            )
+            for w in live:
+                requested = as_utc(w.requested_at)
+                assert requested is not None
+                if w.state != WorkerState.READY.value:
+                    booted = now - requested >= timedelta(seconds=BOOT_SECONDS[w.profile])
+                    if w.instance_id and booted and w.profile not in self.broken:
+                        profile = self.svc.settings.profile(w.profile)
+                        readiness.mark_ready(s, w, runtime_for(profile), now)
+                        w.last_seen_at = now
+                    continue
+                last = as_utc(w.last_seen_at)
+                if last is None or (now - last).total_seconds() >= HEARTBEAT_SECONDS:
+                    w.last_seen_at = now
+                if w.current_job_id is not None:
+                    self._work(s, w, now)
+                if w.current_job_id is None:
+                    self._claim(s, w, now)
+
+    def _work(self, s: Any, w: Worker, now: datetime) -> None:
+        job = s.get(Job, w.current_job_id)
+        if job is None or job.status != JobStatus.RUNNING.value or job.worker_id != w.id:
+            # Cancelled (or taken back): the real worker learns it and stops.
+            self.stopped_at[(str(w.current_job_id), w.id)] = now
+            w.current_job_id, w.idle_since = None, now
+            return
+        started = as_utc(job.started_at)
+        assert started is not None
+        needed = self.audio[job.id] / SPEED[w.profile]
+        if (now - started).total_seconds() >= needed:
+            done = started + timedelta(seconds=needed)
+            job.status, job.finished_at, job.processing_seconds = (
+                JobStatus.SUCCEEDED.value,
+                done,
+                needed,
+            )
+            w.current_job_id, w.idle_since, w.jobs_done = None, done, (w.jobs_done or 0) + 1
+            w.last_seen_at = now
+
+    def _claim(self, s: Any, w: Worker, now: datetime) -> None:
+        """Pop one message from the profile's queue (kombu's consuming end) and claim its job."""
+        for _ in range(50):  # stale messages of re-routed or cancelled jobs are skipped
+            raw = self.redis.rpop(f"transcribe.{w.profile}")
+            if raw is None:
+                return
+            job_id = _job_of(raw if isinstance(raw, bytes) else str(raw).encode())
+            job = s.get(Job, job_id) if job_id else None
+            if job is None or job.status != JobStatus.DISPATCHED.value or job.profile != w.profile:
+                continue
+            job.status, job.worker_id, job.started_at = JobStatus.RUNNING.value, w.id, now
+            job.attempts = (job.attempts or 0) + 1
+            w.current_job_id, w.idle_since, w.last_seen_at = job.id, None, now
+            w.first_job_at = w.first_job_at or now
+            return
+
+    # -- the day ----------------------------------------------------------------------------
+
+    def busy(self) -> bool:
+        with self.db.reader() as s:
+            unfinished = s.scalars(
+                select(Job.id).where(Job.status.not_in(["succeeded", "failed", "cancelled"]))
+            ).first()
+            # A create refused with nothing created ends FAILED with no instance: not live.
+            undeleted = s.scalars(
+                select(Worker.id).where(
+                    Worker.state != WorkerState.DELETED.value,
+                    (Worker.state != WorkerState.FAILED.value) | Worker.instance_id.is_not(None),
+                )
+            ).first()
+        return unfinished is not None or undeleted is not None
+
+    def run(self, day: Day, wall_deadline: float) -> bool:
+        events = list(day.events)
+        while self.rounds < MAX_ROUNDS and time.monotonic() < wall_deadline:
+            now = self.clock()
+            while events and events[0][0] <= now:
+                _, kind, arg = events.pop(0)
+                self.event(kind, arg)
+            self.workers_step()
+            reconcile(self.svc)
+            self.rounds += 1
+            for key, value in self.leaks().items():  # so that "0 left" is not vacuous
+                self.peak[key] = max(self.peak.get(key, 0), value)
+            if not self.busy():
+                if not events:
+                    return True
+                if events[0][0] > now + timedelta(seconds=INTERVAL):
+                    self.clock.now = events[0][0]  # nothing is live: skip to the next event
+                    continue
+            self.clock.advance(INTERVAL)
+        return False
+
+    # -- the accounts -----------------------------------------------------------------------
+
+    def leaks(self) -> dict[str, int]:
+        """What is still billed at the emulator, and the broker users of this run's workers."""
+        with self.db.reader() as s:
+            ours = {USER_PREFIX + w for w in s.scalars(select(Worker.id))}
+        users = {u.decode() if isinstance(u, bytes) else str(u) for u in self.redis.acl_users()}
+        return {**self.emulator.inventory(), "broker_users": len(users & ours)}
+
+
+def seconds(a: datetime | None, b: datetime | None) -> float:
+    a, b = as_utc(a), as_utc(b)
+    return max((b - a).total_seconds(), 0.0) if a is not None and b is not None else 0.0
+
+
+def accounts(sim: Simulation, day: Day) -> dict[str, float]:
+    with sim.db.reader() as s:
+        workers = list(s.scalars(select(Worker)))
+        jobs = list(s.scalars(select(Job)))
+    profile_of = {w.id: w.profile for w in workers}
+    out = dict.fromkeys(
+        ["paid_s", "busy_s", "boot_s", "boot_nothing_s", "idle_s", "paid_eur", "idle_boot_eur"]
+        + ["idle_eur", "boot_nothing_eur", "boot_eur", "busy_done_eur", "busy_lost_eur"],
+        0.0,
+    )
+    busy_by_worker: dict[str, float] = {}
+    for j in jobs:
+        if j.worker_id and j.started_at is not None:
+            done = j.status == JobStatus.SUCCEEDED.value
+            end = j.finished_at if done else sim.stopped_at.get((j.id, j.worker_id))
+            busy = seconds(j.started_at, end)
+            busy_by_worker[j.worker_id] = busy_by_worker.get(j.worker_id, 0.0) + busy
+            eur = busy * PRICE[profile_of[j.worker_id]] / 3600
+            out["busy_done_eur" if done else "busy_lost_eur"] += eur
+    for name, _, _ in EPISODES:
+        out[f"{name}|paid_eur"] = out[f"{name}|waste_s"] = out[f"{name}|paid_s"] = 0.0
+    for w in workers:
+        if w.created_at is None:
+            continue  # never created at the provider: never billed
+        minute = seconds(DAY, w.requested_at) / 60
+        episode = next(n for n, a, b in EPISODES if a <= minute < b)
+        paid = seconds(w.created_at, w.deleted_at)
+        busy = min(busy_by_worker.get(w.id, 0.0), paid)
+        boot = min(seconds(w.created_at, w.ready_at or w.deleted_at), paid - busy)
+        idle = max(paid - busy - boot, 0.0)
+        nothing = boot if w.first_job_at is None else 0.0
+        rate = PRICE[w.profile] / 3600
+        out["paid_s"] += paid
+        out["busy_s"] += busy
+        out["boot_s"] += boot - nothing
+        out["boot_nothing_s"] += nothing
+        out["idle_s"] += idle
+        out["paid_eur"] += paid * rate
+        out["idle_boot_eur"] += (idle + nothing) * rate
+        out["idle_eur"] += idle * rate
+        out["boot_nothing_eur"] += nothing * rate
+        out["boot_eur"] += (boot - nothing) * rate
+        out[f"{episode}|paid_eur"] += paid * rate
+        out[f"{episode}|paid_s"] += paid
+        out[f"{episode}|waste_s"] += idle + nothing
+    done = [j for j in jobs if j.status == JobStatus.SUCCEEDED.value]
+    floor = 0.0
+    for j in done:
+        cheapest = min(
+            (p for p in ORDER if day.feasible(p, sim.submitted_at[j.id])), key=lambda p: PRICE[p]
+        )
+        floor += sim.audio[j.id] / SPEED[cheapest] * PRICE[cheapest] / 3600
+    out["audio_s"] = sum(sim.audio[j.id] for j in done)
+    out["floor_eur"] = floor
+    out["jobs"] = len(jobs)
+    out["succeeded"] = len(done)
+    out["cancelled"] = sum(j.status == JobStatus.CANCELLED.value for j in jobs)
+    out["failed"] = sum(j.status == JobStatus.FAILED.value for j in jobs)
+    out["workers"] = sum(w.created_at is not None for w in workers)
+    for name in ORDER:
+        out[f"workers_{name}"] = sum(
+            w.created_at is not None and w.profile == name for w in workers
+        )
+    return out
+
+
+def simulate(day: Day, *, informed: bool, wall_deadline: float) -> tuple[Simulation, bool]:
+    emulator = InstanceEmulator(secret_key=SECRET_KEY, project_id=PROJECT_ID)
+    emulator.start()
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            sim = Simulation(Path(tmp), emulator, informed=informed)
+            finished = sim.run(day, wall_deadline)
+            sim.accounts = accounts(sim, day)
+            sim.left = sim.leaks()
+            sim.celery.close()
+            sim.redis.flushdb()
+            sim.db.dispose()
+    finally:
+        emulator.stop()
+    return sim, finished
+
+
+def main() -> int:
+    # The fleet logs every decision (failed boots at ERROR); the table is the output here.
+    logging.disable(logging.ERROR)
+    wall = time.monotonic()
+    day = script(random.Random(11))
+    sim, finished = simulate(day, informed=False, wall_deadline=wall + MAX_WALL_SECONDS)
+    informed, finished_b = simulate(day, informed=True, wall_deadline=wall + MAX_WALL_SECONDS)
+    finished = finished and finished_b
+    a, b = sim.accounts, informed.accounts
+    elapsed = time.monotonic() - wall
+    print(
+        f"fleet economics: a scripted 12 h day, twice ({sim.rounds} + {informed.rounds} "
+        f"reconciles every {INTERVAL:g} simulated s), {elapsed:.0f} s wall"
+    )
+    for label, x in (("this fleet", a), ("informed", b)):
+        print(
+            f"{label}: jobs {x['jobs']:.0f}: {x['succeeded']:.0f} succeeded, "
+            f"{x['cancelled']:.0f} cancelled, {x['failed']:.0f} failed; workers created "
+            f"{x['workers']:.0f} (" + ", ".join(f"{p} {x['workers_' + p]:.0f}" for p in ORDER) + ")"
+        )
+
+    def per_audio(x: dict[str, float]) -> float:
+        return x["paid_s"] / x["audio_s"] if x["audio_s"] else 0.0
+
+    rows = [
+        ("audio transcribed", "audio_s", "s"),
+        ("GPU time paid", "paid_s", "s"),
+        ("  busy (a job running)", "busy_s", "s"),
+        ("  booting, then worked", "boot_s", "s"),
+        ("  booting for nothing", "boot_nothing_s", "s"),
+        ("  idle (ready, no job)", "idle_s", "s"),
+        ("GPU-s paid per audio-s", per_audio, "ratio"),
+        ("GPU-s idle or booting for nothing", lambda x: x["idle_s"] + x["boot_nothing_s"], "s"),
+        ("euros paid", "paid_eur", "EUR"),
+        ("floor (cheapest feasible, busy only)", "floor_eur", "EUR"),
+        ("euros above the floor", lambda x: x["paid_eur"] - x["floor_eur"], "EUR"),
+        ("  idle", "idle_eur", "EUR"),
+        ("  booting for nothing", "boot_nothing_eur", "EUR"),
+        ("  booting, then worked", "boot_eur", "EUR"),
+        ("  work on jobs not transcribed", "busy_lost_eur", "EUR"),
+        (
+            "  costlier profile than the floor's",
+            lambda x: x["busy_done_eur"] - x["floor_eur"],
+            "EUR",
+        ),
+    ]
+    print(f"{'':<40} {'this fleet':>12} {'informed':>12}")
+    for name, key, unit in rows:
+        va, vb = (key(x) if callable(key) else x[key] for x in (a, b))
+        print(f"{name:<40} {va:>12.3f} {vb:>12.3f} {unit}")
+    print(
+        f"euros above the informed fleet: {a['paid_eur'] - b['paid_eur']:.3f} EUR "
+        f"(paid {a['paid_eur']:.3f} / {b['paid_eur']:.3f})"
+    )
+    print()
+    print(
+        f"{'by episode (workers requested in it)':<40} {'GPU-s paid':>12}"
+        f" {'idle/nothing':>12} {'EUR':>8} {'informed':>8}"
+    )
+    for name, _, _ in EPISODES:
+        print(
+            f"{name:<40} {a[name + '|paid_s']:>12.0f} {a[name + '|waste_s']:>12.0f}"
+            f" {a[name + '|paid_eur']:>8.3f} {b[name + '|paid_eur']:>8.3f}"
+        )
+    for label, run in (("this fleet", sim), ("informed", informed)):
+        print(
+            f"{label}: most at once "
+            + ", ".join(f"{k} {v}" for k, v in run.peak.items())
+            + "; left at the end "
+            + ", ".join(f"{k} {v}" for k, v in run.left.items())
+        )
+    ok = finished and not any(sim.left.values()) and not any(informed.left.values())
+    if not finished:
+        print(f"DID NOT FINISH within {MAX_ROUNDS} reconciles / {MAX_WALL_SECONDS:g} s")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
