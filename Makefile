@@ -4,7 +4,7 @@ PYTHON  ?= python3
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed-stamp
 
-.PHONY: install demo up test lint flower bench clean
+.PHONY: install demo up test test-whisperx lint flower bench clean
 
 $(STAMP): requirements/control.txt requirements/worker.txt requirements/dev.txt setup.cfg pyproject.toml
 	@test -x $(VENV)/bin/pip || $(PYTHON) -m venv --clear $(VENV)
@@ -14,6 +14,19 @@ $(STAMP): requirements/control.txt requirements/worker.txt requirements/dev.txt 
 	@touch $@
 
 install: $(STAMP)
+
+# The real-library tier gets its own venv: torch, WhisperX, pyannote and Silero are ~7 GB and the
+# default suite and the CPU worker must not need them. Rebuilt only when a requirement changes.
+WX_VENV  ?= .venv-whisperx
+WX_PY    := $(WX_VENV)/bin/python
+WX_STAMP := $(WX_VENV)/.installed-stamp
+
+$(WX_STAMP): requirements/worker-whisperx-cpu.txt requirements/control.txt requirements/worker.txt requirements/dev.txt setup.cfg pyproject.toml
+	@test -x $(WX_VENV)/bin/pip || $(PYTHON) -m venv --clear $(WX_VENV)
+	$(WX_PY) -m pip install -q --upgrade pip
+	$(WX_PY) -m pip install -q -r requirements/dev.txt -r requirements/worker-whisperx-cpu.txt
+	$(WX_PY) -m pip install -q --no-deps -e .
+	@touch $@
 
 ## demo: start Redis if needed, the API and control plane, transcribe samples/, stop everything
 demo: install
@@ -26,6 +39,12 @@ up: install
 ## test: install and run the whole suite (needs Redis and PostgreSQL on 127.0.0.1)
 test: install
 	$(PY) -m pytest
+
+## test-whisperx: the real-library tier (tests/whisperx: WhisperX, pyannote, Silero on the CPU,
+## offline) in its own venv; it fails if whisperx is missing or no test ran
+test-whisperx: $(WX_STAMP)
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYANNOTE_METRICS_ENABLED=false MURMUR_WHISPERX_TIER=1 \
+		$(WX_PY) -m pytest tests/whisperx
 
 lint: install
 	$(VENV)/bin/ruff check app tasks gpu_worker tests bench

@@ -12,7 +12,11 @@ One prepared script, meant to finish in under 8 minutes:
    and through bare faster-whisper BatchedInferencePipeline with the same model, compute type
    and batch size, and prints wall time, real-time factor, VRAM peak (NVML, whole device,
    above the level before the model loaded), WER and the ratio Murmur / bare;
-4. writes everything to <out>/gpu-check.json (default $OUT, else /tmp/murmur-gpu-check).
+4. fetches torchaudio's WAV2VEC2_ASR_BASE_960H weights (English alignment) into a temporary
+   directory when the network allows, and prints their size and sha256 against the manifest's
+   wav2vec2-en entry (from a third-party manifest, unconfirmed until this runs); without a
+   network it records why not;
+5. writes everything to <out>/gpu-check.json (default $OUT, else /tmp/murmur-gpu-check).
 
 Combinations the worker's hardware check refuses (float16 on a P100) are reported as such:
 that refusal is part of what this checks.
@@ -220,11 +224,39 @@ def measure(args: argparse.Namespace) -> int:
             f" {row['murmur_rtf']:6.3f} {row['murmur_vram_mib']:9d} {row['murmur_wer']:5.2f}"
             f" {row['bare_seconds']:7.2f} {row['bare_vram_mib']:9d} {row['ratio']:6.2f}"
         )
+    wav2vec2 = wav2vec2_checksum()
+    print("wav2vec2-en:", json.dumps(wav2vec2))
     (args.out / "gpu-check.json").write_text(
-        json.dumps({"hardware": facts.diagnostics(), "rows": rows}, indent=2)
+        json.dumps({"hardware": facts.diagnostics(), "rows": rows, "wav2vec2": wav2vec2}, indent=2)
     )
     print(f"total {time.monotonic() - STARTED:.0f} s; results in {args.out / 'gpu-check.json'}")
     return 0
+
+
+def wav2vec2_checksum() -> dict[str, Any]:
+    """Size and sha256 of the English alignment weights, against the manifest's entry."""
+    import hashlib
+    import tempfile
+
+    from gpu_worker.manifest import load_manifest
+
+    (expected,) = load_manifest().asset("wav2vec2-en").files
+    found: dict[str, Any] = {"manifest_size": expected.size, "manifest_sha256": expected.sha256}
+    if time.monotonic() - STARTED > TIME_BUDGET_SECONDS - 30:
+        return {**found, "skipped": "time budget"}
+    with tempfile.TemporaryDirectory() as directory:
+        try:
+            import torchaudio
+
+            bundle = torchaudio.pipelines.WAV2VEC2_ASR_BASE_960H
+            bundle.get_model(dl_kwargs={"model_dir": directory, "progress": False})
+            path = Path(directory) / expected.path
+            with path.open("rb") as handle:
+                digest = hashlib.file_digest(handle, "sha256").hexdigest()
+        except Exception as exc:  # no network on the machine: say so, do not fail the check
+            return {**found, "error": f"{type(exc).__name__}: {exc}"[:500]}
+        size = path.stat().st_size
+    return {**found, "size": size, "sha256": digest, "matches": digest == expected.sha256}
 
 
 def run_combination(

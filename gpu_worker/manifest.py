@@ -47,6 +47,8 @@ class Asset(BaseModel):
     kind: Literal["model", "vad", "alignment"]
     description: str
     provided_by: str
+    # How to put the files in place outside the image build, for the not-installed message.
+    install: str | None = None
     package: str | None = None
     dir: str | None = None
     subdir: str = ""
@@ -116,7 +118,7 @@ def locate_asset(asset: Asset) -> Path:
         if not locations:
             raise AssetNotInstalled(
                 f"{asset.name}: not installed (package {asset.package!r} is missing; "
-                f"it comes from {asset.provided_by})"
+                f"it comes from {asset.provided_by}){_install_hint(asset)}"
             )
         base = Path(locations[0])
     else:
@@ -125,7 +127,7 @@ def locate_asset(asset: Asset) -> Path:
         if not base.is_dir():
             raise AssetNotInstalled(
                 f"{asset.name}: not installed ({base} does not exist; "
-                f"it comes from {asset.provided_by})"
+                f"it comes from {asset.provided_by}){_install_hint(asset)}"
             )
     return base / asset.subdir if asset.subdir else base
 
@@ -137,7 +139,7 @@ def verify_asset(asset: Asset, root: Path | None = None) -> VerifiedAsset:
     for entry in asset.files:
         path = root / entry.path
         if not path.is_file():
-            raise AssetVerificationError(f"{asset.name}: {path} is missing")
+            raise AssetVerificationError(f"{asset.name}: {path} is missing{_install_hint(asset)}")
         size = path.stat().st_size
         if size != entry.size:
             # The size check is free and catches truncated copies without hashing.
@@ -153,3 +155,7 @@ def verify_asset(asset: Asset, root: Path | None = None) -> VerifiedAsset:
             )
         total += size
     return VerifiedAsset(name=asset.name, root=root, bytes_verified=total)
+
+
+def _install_hint(asset: Asset) -> str:
+    return f"; install it with: {asset.install}" if asset.install else ""

@@ -21,7 +21,13 @@ from gpu_worker.manifest import (
     verify_asset,
 )
 from gpu_worker.runtime import RuntimeProfile, RuntimeProfileError, load_runtime_profile
-from gpu_worker.transcriber import Backend, backend_for, missing_packages, vad_asset_for
+from gpu_worker.transcriber import (
+    Backend,
+    backend_for,
+    missing_packages,
+    punkt_tab_problem,
+    vad_asset_for,
+)
 
 ALIGNMENT_ASSET = "wav2vec2-en"
 _VERSIONED = (
@@ -109,6 +115,11 @@ def run_preflight(
             verified[name] = verify_asset(manifest.asset(name))
         except (AssetNotInstalled, AssetVerificationError) as exc:
             problems.append(str(exc))
+    if profile.alignment_device != "none" and "nltk" not in missing:
+        # Alignment fails closed here, at check and at start, never at the first job.
+        punkt = punkt_tab_problem()
+        if punkt is not None:
+            problems.append(punkt)
 
     if problems:
         raise PreflightError(tuple(problems), _declared(profile, hardware))

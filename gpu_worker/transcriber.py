@@ -504,14 +504,28 @@ def _packaged_silero(torch: Any, *, onset: float, chunk_size: int) -> Any:
     return vad
 
 
-def _require_punkt_tab() -> None:
+PUNKT_TAB_INSTALL = (
+    "python -m nltk.downloader -d /opt/murmur/assets/nltk_data punkt_tab "
+    "and set NLTK_DATA=/opt/murmur/assets/nltk_data"
+)
+
+
+def punkt_tab_problem() -> str | None:
+    """Why alignment cannot run for want of NLTK's punkt_tab, or None when it is installed."""
     # whisperx.align() loads NLTK's punkt_tab on every call and downloads it when missing;
     # offline that surfaces as a bare LookupError mid-job (m-bain/whisperX#1450).
     nltk = importlib.import_module("nltk")
     try:
         nltk.data.find("tokenizers/punkt_tab/english/")
     except LookupError:
-        raise RuntimeError(
-            "NLTK punkt_tab is not installed (alignment needs it): bake it into the image "
-            "and point NLTK_DATA at it"
-        ) from None
+        return (
+            "nltk-punkt-tab: not installed (word alignment needs NLTK's punkt_tab; "
+            f"docker/worker.Dockerfile bakes it in); install it with: {PUNKT_TAB_INSTALL}"
+        )
+    return None
+
+
+def _require_punkt_tab() -> None:
+    problem = punkt_tab_problem()
+    if problem is not None:
+        raise RuntimeError(problem)

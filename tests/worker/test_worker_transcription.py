@@ -156,6 +156,56 @@ def test_batched_profile_transcribes_too(tiny_en_dir, fixtures_dir, word_error_r
     assert word_error_rate(reference, transcript.text) <= MAX_WER
 
 
+@pytest.fixture(scope="module")
+def local_cpu_batched(tiny_en_dir):
+    from app.config import LOCAL_CPU_PROFILE
+
+    assert LOCAL_CPU_PROFILE.batch_size > 1  # the default CPU profile runs batched
+    return FasterWhisperTranscriber(
+        tiny_en_dir,
+        compute_type=LOCAL_CPU_PROFILE.compute_type,
+        cpu_threads=2,
+        batch_size=LOCAL_CPU_PROFILE.batch_size,
+    )
+
+
+@pytest.mark.parametrize("fixture", ["speech-short", "speech-90s"])
+def test_the_default_batched_profile_keeps_wer_within_0_02_of_sequential(
+    transcribers, local_cpu_batched, fixtures_dir, word_error_rate, fixture
+):
+    audio = decode_audio(str(fixtures_dir / f"{fixture}.wav"))
+    reference = (fixtures_dir / f"{fixture}.txt").read_text()
+    options = {"language": "en", "prompt": None, "word_timestamps": False}
+
+    sequential = transcribers["int8"].transcribe(audio, **options)
+    batched = local_cpu_batched.transcribe(audio, **options)
+
+    assert word_error_rate(reference, batched.text) <= (
+        word_error_rate(reference, sequential.text) + 0.02
+    )
+
+
+def test_the_batched_profile_calls_the_checkpoint_and_a_raise_stops_the_job(
+    local_cpu_batched, fixtures_dir
+):
+    from gpu_worker.holding import JobCancelled
+
+    path = str(fixtures_dir / "speech-short.wav")
+    calls = []
+    transcript = local_cpu_batched.transcribe(
+        path, language="en", prompt=None, word_timestamps=False, checkpoint=lambda: calls.append(1)
+    )
+    assert len(calls) == len(transcript.segments) >= 1
+
+    def cancelled():
+        raise JobCancelled("job_1 is no longer held by this worker")
+
+    with pytest.raises(JobCancelled):
+        local_cpu_batched.transcribe(
+            path, language="en", prompt=None, word_timestamps=False, checkpoint=cancelled
+        )
+
+
 def gpu_profile(cpu_env, **settings):
     env = dict(cpu_env)
     env.update({f"MURMUR_{key.upper()}": value for key, value in settings.items()})
