@@ -46,10 +46,12 @@ from pathlib import Path
 from typing import Any
 
 import requests
-from _stack import ROOT, TOKEN, bench_env, free_port, gunicorn, temp_dir
+from _stack import ROOT, TOKEN, bench_env, free_port, temp_dir
 
+from app.config import load_settings
 from app.db import Database
 from app.migrate import upgrade
+from app.server import gunicorn_args
 
 FIXTURES = ROOT / "tests" / "fixtures"
 SPEECH = (FIXTURES / "speech-short.wav").read_bytes()
@@ -233,6 +235,20 @@ class Stack:
             self.stop_redis()
 
 
+def production_api(env: dict[str, str], port: int, log: Path) -> subprocess.Popen[bytes]:
+    """The API as `murmur api` runs it (app/server.py: its worker class, threads, timeouts)."""
+    env = {**env, "MURMUR_HOST": "127.0.0.1", "MURMUR_PORT": str(port)}
+    args = gunicorn_args(load_settings(env=env), workers=2, threads=8)
+    out = log.open("ab")
+    return subprocess.Popen(
+        [sys.executable, "-m", "gunicorn", *args],
+        env=env,
+        cwd=ROOT,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+    )
+
+
 def start_stack(database_url: str | None) -> Stack:
     tmp = temp_dir()
     port, redis_port = free_port(), free_port()
@@ -253,9 +269,7 @@ def start_stack(database_url: str | None) -> Stack:
     stack = Stack(tmp, env, f"http://127.0.0.1:{port}", redis_port)
     stack.start_redis()
     upgrade(env["MURMUR_DATABASE_URL"])
-    stack.procs["api"] = gunicorn(
-        "app:create_app()", env, port, workers=2, threads=8, log=tmp / "api.log"
-    )
+    stack.procs["api"] = production_api(env, port, tmp / "api.log")
     stack.procs["control"] = subprocess.Popen(
         [
             sys.executable,
