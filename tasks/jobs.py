@@ -42,6 +42,10 @@ FETCH_TIMEOUT = (5.0, 30.0)  # connect, read (each socket read)
 # alone lets a server dripping bytes hold a worker for ever).
 FETCH_DEADLINE_SECONDS = 300
 WEBHOOK_TIMEOUT = (5.0, 10.0)
+# One attempt, connect to status line, ends well within the lease that keeps another deliverer
+# off it (app/jobs/webhooks.py LEASE, 60 s): an attempt never outlives its lease, so a slow
+# receiver is not sent the same attempt twice.
+WEBHOOK_DEADLINE_SECONDS = 20.0
 SIGNATURE_HEADER = "X-Murmur-Signature"
 # One sweep attempts at most this many webhooks and starts none after this long: with every
 # receiver timing out, a sweep still ends well within a few beat intervals.
@@ -238,16 +242,26 @@ def _send_webhook(settings: Settings, job: Job) -> tuple[bool, str]:
         checked = check_url(
             job.webhook_url, field="webhook_url", allow_private=settings.api.allow_private_urls
         )
-        with pinned_session(checked) as http:
-            response = http.post(
-                checked.url,
-                data=body,
-                headers=headers,
-                timeout=WEBHOOK_TIMEOUT,
-                allow_redirects=False,
-            )
-        return 200 <= response.status_code < 300, f"HTTP {response.status_code}"
+        with (
+            pinned_session(checked) as http,
+            exchange_deadline(http, WEBHOOK_DEADLINE_SECONDS) as deadline,
+        ):
+            try:
+                # Only the status counts: the body is never read, so a receiver's endless or
+                # trickling answer costs no memory and no time (stream=True, closed unread).
+                with http.post(
+                    checked.url,
+                    data=body,
+                    headers=headers,
+                    timeout=WEBHOOK_TIMEOUT,
+                    allow_redirects=False,
+                    stream=True,
+                ) as response:
+                    status = response.status_code
+            except requests.RequestException as exc:
+                return False, "deadline" if deadline.fired else type(exc).__name__
+        if deadline.fired:  # headers cut short by the watchdog parse as if they had ended
+            return False, "deadline"
+        return 200 <= status < 300, f"HTTP {status}"
     except ApiError as err:
         return False, err.code
-    except requests.RequestException as exc:
-        return False, type(exc).__name__

@@ -21,7 +21,7 @@ from app.db import Database
 from app.jobs import service
 from app.migrate import upgrade
 from app.models import Job
-from tests.conftest import API_TOKEN, OTHER_TOKEN, REDIS_URL, SIGNING_KEY
+from tests.conftest import API_TOKEN, OTHER_TOKEN, REDIS_URL, SIGNING_KEY, make_settings
 
 # A drip sends one byte this often: well under the 30 s / 10 s read timeouts, so only a
 # deadline on the whole exchange ends it.
@@ -164,3 +164,56 @@ def test_a_dripping_url_fails_its_job_at_the_deadline(
     assert message == f"the URL did not deliver within {DEADLINE} s"
     staged = tmp_path / "audio"
     assert not staged.exists() or not any(p.is_file() for p in staged.rglob("*"))
+
+
+def _webhook_attempt(env: dict[str, str], tmp_path: Path, url: str) -> tuple[bool, str, float]:
+    from tasks.jobs import _send_webhook
+
+    settings = make_settings(
+        env["MURMUR_DATABASE_URL"],
+        REDIS_URL,
+        tmp_path,
+        MURMUR_CONFIG=env["MURMUR_CONFIG"],
+        MURMUR_WEBHOOK_SECRET=env["MURMUR_WEBHOOK_SECRET"],
+    )
+    db = Database(settings.database_url)
+    try:
+        job, _ = service.insert_job(
+            db, service.JobRequest(owner="owner", source="upload", webhook_url=url)
+        )
+        started = time.monotonic()
+        ok, why = _send_webhook(settings, service.get_job(db, job.id))
+        return ok, why, time.monotonic() - started
+    finally:
+        db.dispose()
+
+
+def test_a_webhook_receivers_endless_answer_is_not_read(
+    control_env: dict[str, str], tmp_path: Path
+) -> None:
+    server = Server("endless_body")
+    try:
+        ok, why, took = _webhook_attempt(control_env, tmp_path, server.url)
+        time.sleep(0.5)  # let the server notice the closed connection
+    finally:
+        server.close()
+    assert (ok, why) == (True, "HTTP 200")
+    # Only what fits in the sockets' buffers left the server: the body was not read.
+    assert server.sent < 64 << 20, f"the receiver sent {server.sent >> 20} MiB"
+    assert took < WITHIN
+
+
+def test_a_webhook_receiver_trickling_its_answer_is_cut_at_the_deadline(
+    control_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tasks.jobs
+
+    # raising=False: before the fix there is no such constant, and the test fails on time.
+    monkeypatch.setattr(tasks.jobs, "WEBHOOK_DEADLINE_SECONDS", DEADLINE, raising=False)
+    server = Server("drip_head")
+    try:
+        ok, why, took = _webhook_attempt(control_env, tmp_path, server.url)
+    finally:
+        server.close()
+    assert (ok, why) == (False, "deadline")
+    assert took < WITHIN, f"the attempt took {took:.1f} s"
