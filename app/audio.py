@@ -35,8 +35,17 @@ class AudioInfo:
 # the WAV demuxer's packet size (other demuxers ignore it): 16 KB packets count a 90 s WAV in
 # about 1 ms (4 KB: 2.3 ms; larger ones are slower again). bench/long_audio.py measures the
 # probe's cost per format; docs/performance.md has the figures.
-_FAST_PROBE = {"probesize": "4096", "analyzeduration": "0", "max_size": "16384"}
-_FULL_PROBE = {"max_size": "16384"}
+# Only audio containers (issue 10 review L3): FFmpeg also has demuxers that open other files
+# or URLs an upload names (concat, hls, image2...), which would let the probe read local files
+# and measure them instead of the upload. The match is on FFmpeg's demuxer names: "mov" is
+# mp4/m4a/mov, "matroska" is mkv/webm, "aac" is ADTS. No protocol but the file itself either.
+# Mirrors gpu_worker.audio.AUDIO_DEMUXERS.
+AUDIO_DEMUXERS = (
+    "wav,w64,mp3,mov,ogg,flac,matroska,aac,aiff,caf,amr,wv,ape,asf,au,tta,ac3,eac3,dts,mpc,mpc8,dsf"
+)
+_OPEN_LIMITS = {"format_whitelist": AUDIO_DEMUXERS, "protocol_whitelist": "file"}
+_FAST_PROBE = {"probesize": "4096", "analyzeduration": "0", "max_size": "16384", **_OPEN_LIMITS}
+_FULL_PROBE = {"max_size": "16384", **_OPEN_LIMITS}
 # Packets in a row that give no audio before the file counts as garbage: real files have a
 # few (encoder priming, a damaged frame); 500 is 10 s of 20 ms Opus packets.
 MAX_EMPTY_PACKETS = 500
@@ -160,7 +169,7 @@ def probe_audio(path: Path, max_seconds: float) -> AudioInfo:
         raise ApiError(
             400,
             "invalid_audio",
-            "the file is not audio that can be decoded (supported: wav, mp3, m4a, ogg, flac, "
-            "webm and other FFmpeg formats)",
+            "the file is not audio that can be decoded (supported: wav, mp3, m4a/mp4, ogg/opus, "
+            "flac, webm/mkv, aac, aiff, caf, amr, wavpack, ape, wma and other audio containers)",
         )
     return info

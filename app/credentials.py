@@ -3,7 +3,9 @@
 An instance credential is HMAC-SHA256(signing key, "worker:<worker id>:<instance id>"): it is
 bound to one worker on one provider instance, needs no storage, and rotating the signing key
 revokes every credential at once. Signed audio URLs use the same key under another label, so
-neither can be replayed as the other. Comparisons are constant-time.
+neither can be replayed as the other. A signed audio URL is bound to the claim that issued it
+(job, worker and attempt number): a URL from an earlier claim of the same job verifies, but no
+longer matches the job's row. Comparisons are constant-time.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import hashlib
 import hmac
 import time
 from dataclasses import dataclass
+from urllib.parse import urlencode
 
 
 def _mac(key: str, label: str, message: str) -> str:
@@ -40,26 +43,53 @@ def verify_instance_credential(
     return hmac.compare_digest(expected.encode(), presented.encode())
 
 
+def _audio_message(job_id: str, worker_id: str, attempt: int, expires: int) -> str:
+    return f"{job_id}:{worker_id}:{attempt}:{expires}"
+
+
 def sign_audio_url(
-    signing_key: str, job_id: str, ttl_seconds: int, now: float | None = None
+    signing_key: str,
+    job_id: str,
+    worker_id: str,
+    attempt: int,
+    ttl_seconds: int,
+    now: float | None = None,
 ) -> str:
-    """Query string `expires=..&sig=..` that lets a worker fetch one job's audio for a while."""
+    """Query string that lets the worker holding claim `attempt` fetch one job's audio a while."""
     expires = int((now if now is not None else time.time()) + ttl_seconds)
-    sig = _mac(signing_key, "audio", f"{job_id}:{expires}")
-    return f"expires={expires}&sig={sig}"
+    sig = _mac(signing_key, "audio", _audio_message(job_id, worker_id, attempt, expires))
+    return urlencode({"worker": worker_id, "attempt": attempt, "expires": expires, "sig": sig})
+
+
+@dataclass(frozen=True)
+class AudioClaim:
+    """Whom a verified audio URL was issued to: compare with the job's row before serving."""
+
+    worker_id: str
+    attempt: int
 
 
 def verify_audio_signature(
-    signing_key: str, job_id: str, expires: str, sig: str, now: float | None = None
-) -> bool:
+    signing_key: str,
+    job_id: str,
+    worker_id: str,
+    attempt: str,
+    expires: str,
+    sig: str,
+    now: float | None = None,
+) -> AudioClaim | None:
+    """The claim a valid, unexpired URL was issued for; None for anything else."""
     try:
         expiry = int(expires)
+        claim = int(attempt)
     except ValueError:
-        return False
+        return None
     if expiry < (now if now is not None else time.time()):
-        return False
-    expected = _mac(signing_key, "audio", f"{job_id}:{expiry}")
-    return hmac.compare_digest(expected.encode(), sig.encode())
+        return None
+    expected = _mac(signing_key, "audio", _audio_message(job_id, worker_id, claim, expiry))
+    if not hmac.compare_digest(expected.encode(), sig.encode()):
+        return None
+    return AudioClaim(worker_id, claim)
 
 
 def token_fingerprint(token: str) -> str:

@@ -2,7 +2,7 @@
 
 Workers authenticate with their instance credential (see app.auth.authenticate_worker); the
 audio route needs no credential but a signed, expiring URL issued by a successful claim, and
-serves only while that job is running on a worker.
+serves only while that claim holds the job: same worker, same attempt, job still running.
 """
 
 from __future__ import annotations
@@ -134,8 +134,13 @@ def claim(worker_id: str, instance_id: str, job_id: str) -> Response:
     job = claim.job
     if job is None:
         raise ApiError(409, "job_not_claimable", f"job {job_id} is not waiting for this worker")
+    assert job.worker_id is not None  # a successful claim sets both
     query = sign_audio_url(
-        svc.settings.reveal("signing_key"), job.id, svc.settings.api.signed_url_ttl_seconds
+        svc.settings.reveal("signing_key"),
+        job.id,
+        job.worker_id,
+        job.attempts,
+        svc.settings.api.signed_url_ttl_seconds,
     )
     audio_url = f"{svc.settings.api.public_url.rstrip('/')}/internal/audio/{job.id}?{query}"
     return jsonify(
@@ -181,15 +186,26 @@ def heartbeat(worker_id: str, instance_id: str) -> Response:
 @internal_bp.get("/audio/<job_id>")
 def audio(job_id: str) -> Response:
     svc = services()
-    expires = request.args.get("expires", "")
-    sig = request.args.get("sig", "")
-    if not verify_audio_signature(svc.settings.reveal("signing_key"), job_id, expires, sig):
+    args = request.args
+    issued = verify_audio_signature(
+        svc.settings.reveal("signing_key"),
+        job_id,
+        args.get("worker", ""),
+        args.get("attempt", ""),
+        args.get("expires", ""),
+        args.get("sig", ""),
+    )
+    if issued is None:
         raise ApiError(403, "invalid_signature", "the audio URL is invalid or has expired")
     job = service.get_job(svc.db, job_id)
     # The URL is issued by a claim and serves only that run: once the job has ended, been
-    # cancelled or handed back, nobody holding an old URL may read the audio (the next
-    # claim issues a new one).
-    if job.status != JobStatus.RUNNING.value or job.worker_id is None:
+    # cancelled or handed back, or claimed again (by another worker or the same one), nobody
+    # holding an old URL may read the audio (each claim issues a new one).
+    if (
+        job.status != JobStatus.RUNNING.value
+        or job.worker_id != issued.worker_id
+        or job.attempts != issued.attempt
+    ):
         raise ApiError(410, "audio_url_expired", "the job is no longer running on a worker")
     if job.audio_key is None:
         raise ApiError(404, "audio_not_found", "the job has no stored audio")

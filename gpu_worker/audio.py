@@ -42,6 +42,13 @@ _GROUP_SAMPLES = 1 << 19
 MAX_SAMPLE_RATE = 384_000
 # The resampler may hand back a few samples beyond the native count (its filter's tail).
 _RESAMPLER_SLACK = SAMPLE_RATE // 10
+# Only audio containers, and no protocol but the file itself: FFmpeg's concat, hls and similar
+# demuxers open whatever files or URLs the input names (issue 10 review L3). app/audio.py
+# probes with the same list (AUDIO_DEMUXERS), so what it accepted opens here.
+AUDIO_DEMUXERS = (
+    "wav,w64,mp3,mov,ogg,flac,matroska,aac,aiff,caf,amr,wv,ape,asf,au,tta,ac3,eac3,dts,mpc,mpc8,dsf"
+)
+_OPEN_LIMITS = {"format_whitelist": AUDIO_DEMUXERS, "protocol_whitelist": "file"}
 
 
 class AudioTooLong(Exception):
@@ -128,7 +135,7 @@ def decode_bounded(
     samples = _Samples(min(limit, math.ceil(hint) + SAMPLE_RATE), limit, max_seconds)
     earlier, run_samples, run_rate = 0.0, 0, 1
     opened = str(source) if isinstance(source, str | Path) else source
-    with av.open(opened, mode="r", metadata_errors="ignore") as c:
+    with av.open(opened, mode="r", metadata_errors="ignore", container_options=_OPEN_LIMITS) as c:
         streams = [s for s in c.streams if s.type == "audio"]
         if not streams:
             raise UndecodableAudio("the file has no audio stream")

@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import requests
@@ -25,6 +26,7 @@ from sqlalchemy import update
 from app.audio import probe_audio
 from app.config import Settings
 from app.db import Database, rows_changed
+from app.deadline import exchange_deadline
 from app.errors import ApiError
 from app.jobs import service, webhooks
 from app.models import Job, JobStatus, utcnow
@@ -35,9 +37,15 @@ from tasks.celery_app import celery_app
 
 log = logging.getLogger(__name__)
 
-FETCH_TIMEOUT = (5.0, 30.0)  # connect, read (per chunk)
-FETCH_DEADLINE_SECONDS = 300  # the whole download
+FETCH_TIMEOUT = (5.0, 30.0)  # connect, read (each socket read)
+# The whole exchange: connect, headers and body (app/deadline.py enforces it; a read timeout
+# alone lets a server dripping bytes hold a worker for ever).
+FETCH_DEADLINE_SECONDS = 300
 WEBHOOK_TIMEOUT = (5.0, 10.0)
+# One attempt, connect to status line, ends well within the lease that keeps another deliverer
+# off it (app/jobs/webhooks.py LEASE, 60 s): an attempt never outlives its lease, so a slow
+# receiver is not sent the same attempt twice.
+WEBHOOK_DEADLINE_SECONDS = 20.0
 SIGNATURE_HEADER = "X-Murmur-Signature"
 # One sweep attempts at most this many webhooks and starts none after this long: with every
 # receiver timing out, a sweep still ends well within a few beat intervals.
@@ -62,39 +70,18 @@ def fetch_audio(job_id: str) -> None:
     limit = settings.api.max_upload_bytes
     try:
         checked = check_url(job.source_url, allow_private=settings.api.allow_private_urls)
-        with pinned_session(checked) as http:
-            response = http.get(
-                checked.url, stream=True, timeout=FETCH_TIMEOUT, allow_redirects=False
-            )
-            if response.status_code != 200:
-                raise ApiError(
-                    422, "url_fetch_failed", f"the URL answered HTTP {response.status_code}"
-                )
-            declared = response.headers.get("Content-Length")
-            if declared is not None and declared.isdigit() and int(declared) > limit:
-                raise ApiError(
-                    413,
-                    "url_too_large",
-                    f"the URL's content is larger than the limit of {limit} bytes",
-                )
-            size = 0
-            deadline = time.monotonic() + FETCH_DEADLINE_SECONDS
-            with staged.open("wb") as out:
-                for chunk in response.iter_content(chunk_size=256 * 1024):
-                    if time.monotonic() > deadline:  # a server dripping bytes holds no worker
-                        raise ApiError(
-                            422,
-                            "url_fetch_failed",
-                            f"the URL did not deliver within {FETCH_DEADLINE_SECONDS} s",
-                        )
-                    size += len(chunk)
-                    if size > limit:
-                        raise ApiError(
-                            413,
-                            "url_too_large",
-                            f"the URL's content is larger than the limit of {limit} bytes",
-                        )
-                    out.write(chunk)
+        with (
+            pinned_session(checked) as http,
+            exchange_deadline(http, FETCH_DEADLINE_SECONDS) as deadline,
+        ):
+            try:
+                size = _download(http, checked.url, staged, limit)
+            except Exception:
+                if deadline.fired:
+                    raise _too_slow() from None
+                raise
+            if deadline.fired:  # a response without a length just looks as if it ended
+                raise _too_slow()
         info = probe_audio(staged, settings.api.max_audio_seconds)
     except ApiError as err:
         staged.unlink(missing_ok=True)
@@ -126,6 +113,36 @@ def fetch_audio(job_id: str) -> None:
         store.delete(key)
         return
     service.try_dispatch_now(db, settings, celery_app, job_id)
+
+
+def _too_slow() -> ApiError:
+    return ApiError(
+        422, "url_fetch_failed", f"the URL did not deliver within {FETCH_DEADLINE_SECONDS} s"
+    )
+
+
+def _download(http: requests.Session, url: str, staged: Path, limit: int) -> int:
+    """Stream the URL's content into `staged`, refusing more than `limit` bytes; its size."""
+    response = http.get(url, stream=True, timeout=FETCH_TIMEOUT, allow_redirects=False)
+    if response.status_code != 200:
+        raise ApiError(422, "url_fetch_failed", f"the URL answered HTTP {response.status_code}")
+    declared = response.headers.get("Content-Length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError(
+            413, "url_too_large", f"the URL's content is larger than the limit of {limit} bytes"
+        )
+    size = 0
+    with staged.open("wb") as out:
+        for chunk in response.iter_content(chunk_size=256 * 1024):
+            size += len(chunk)
+            if size > limit:
+                raise ApiError(
+                    413,
+                    "url_too_large",
+                    f"the URL's content is larger than the limit of {limit} bytes",
+                )
+            out.write(chunk)
+    return size
 
 
 def _fail(job_id: str, code: str, message: str) -> None:
@@ -225,16 +242,26 @@ def _send_webhook(settings: Settings, job: Job) -> tuple[bool, str]:
         checked = check_url(
             job.webhook_url, field="webhook_url", allow_private=settings.api.allow_private_urls
         )
-        with pinned_session(checked) as http:
-            response = http.post(
-                checked.url,
-                data=body,
-                headers=headers,
-                timeout=WEBHOOK_TIMEOUT,
-                allow_redirects=False,
-            )
-        return 200 <= response.status_code < 300, f"HTTP {response.status_code}"
+        with (
+            pinned_session(checked) as http,
+            exchange_deadline(http, WEBHOOK_DEADLINE_SECONDS) as deadline,
+        ):
+            try:
+                # Only the status counts: the body is never read, so a receiver's endless or
+                # trickling answer costs no memory and no time (stream=True, closed unread).
+                with http.post(
+                    checked.url,
+                    data=body,
+                    headers=headers,
+                    timeout=WEBHOOK_TIMEOUT,
+                    allow_redirects=False,
+                    stream=True,
+                ) as response:
+                    status = response.status_code
+            except requests.RequestException as exc:
+                return False, "deadline" if deadline.fired else type(exc).__name__
+        if deadline.fired:  # headers cut short by the watchdog parse as if they had ended
+            return False, "deadline"
+        return 200 <= status < 300, f"HTTP {status}"
     except ApiError as err:
         return False, err.code
-    except requests.RequestException as exc:
-        return False, type(exc).__name__

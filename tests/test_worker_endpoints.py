@@ -216,3 +216,30 @@ def test_a_signed_audio_url_stops_working_once_the_job_is_not_running(
         assert refused.status_code == 410, stale
         assert refused.get_json()["error"]["code"] == "audio_url_expired"
         assert "sig=" not in refused.get_json()["error"]["message"]
+
+
+def test_a_signed_audio_url_serves_only_the_claim_that_issued_it(client: Any, db: Database) -> None:
+    """A URL from an earlier claim stays refused while the job runs again (issue 10, L4)."""
+    first = add_worker(db, state=WorkerState.READY)
+    second = add_worker(db, state=WorkerState.READY)
+    job_id = submit(client)
+    earlier = _audio_path(client, first, job_id)
+    assert call(client, first, f"/jobs/{job_id}/release").get_json() == {"released": True}
+    current = _audio_path(client, second, job_id)  # running again, on another worker
+    assert client.get(current).status_code == 200
+    refused = client.get(earlier)
+    assert refused.status_code == 410, refused.get_json()
+    assert refused.get_json()["error"]["code"] == "audio_url_expired"
+
+    # The same worker claiming again (a redelivery) gets a new URL; the old one stops.
+    again = _audio_path(client, second, job_id)
+    assert client.get(again).status_code == 200
+    assert client.get(current).status_code == 410
+
+    # The claim named in the URL is signed: naming the current holder instead is refused.
+    forged = earlier.replace(f"worker={first.id}", f"worker={second.id}").replace(
+        "attempt=1", "attempt=3"
+    )
+    assert forged != earlier
+    assert client.get(forged).status_code == 403
+    assert client.get(forged).get_json()["error"]["code"] == "invalid_signature"

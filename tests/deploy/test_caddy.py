@@ -158,9 +158,9 @@ def test_the_public_routes_pass_with_hsts(edge: Edge) -> None:
         s.execute(
             update(Job)
             .where(Job.id == job_id)
-            .values(status=JobStatus.RUNNING.value, worker_id=worker.id)
+            .values(status=JobStatus.RUNNING.value, worker_id=worker.id, attempts=1)
         )
-    query = sign_audio_url(SIGNING_KEY, job_id, 60)
+    query = sign_audio_url(SIGNING_KEY, job_id, worker.id, 1, 60)
     audio = edge.get(f"/internal/audio/{job_id}?{query}")
     assert audio.status_code == 200 and audio.content == SPEECH.read_bytes()
 
