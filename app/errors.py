@@ -7,6 +7,7 @@ from typing import Any
 
 from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException
+from werkzeug.wsgi import LimitedStream
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,13 @@ def _too_large(app: Flask) -> tuple[str, str]:
     """
     limit = app.config.get("MAX_CONTENT_LENGTH")
     length = request.content_length
-    if limit is not None and length is not None and length <= limit:
+    # A chunked body has no length: it hit the size limit only if the limited stream that
+    # Werkzeug reads it through is used up; otherwise the form's parser refused it.
+    if length is None:
+        within = not (isinstance(request.stream, LimitedStream) and request.stream.is_exhausted)
+    else:
+        within = limit is not None and length <= limit
+    if limit is not None and within:
         parts = app.config.get("MAX_FORM_PARTS")
         field = app.config.get("MAX_FORM_MEMORY_SIZE")
         return (
@@ -100,6 +107,17 @@ def register_error_handlers(app: Flask) -> None:
             if name.lower() != "content-type":
                 response.headers[name] = value
         return response
+
+    from gunicorn.http.errors import NoMoreData, ParseException
+
+    @app.errorhandler(ParseException)
+    @app.errorhandler(NoMoreData)
+    def _unreadable_body(err: Exception) -> Response:
+        # gunicorn raises these from the request body's reader (a malformed or truncated
+        # chunked body): the client's fault, never a server bug. The text is not echoed.
+        return error_response(
+            400, "invalid_body", "the request body is not valid HTTP/1.1 chunked encoding"
+        )
 
     @app.errorhandler(Exception)
     def _unexpected(err: Exception) -> Response:

@@ -6,6 +6,7 @@ The gunicorn cases run the production command line (app/server.py) on loopback.
 from __future__ import annotations
 
 import io
+import json
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 import requests
 
-from tests.conftest import auth, make_settings
+from tests.conftest import API_TOKEN, auth, make_settings
 from tests.serving import Gunicorn, gunicorn_api
 
 
@@ -136,3 +137,69 @@ def test_flask_errors_are_json(tmp_path: Path, redis_url: str) -> None:
         assert "html" not in options.headers.get("Content-Type", "")
     finally:
         db.dispose()
+
+
+def _chunked(server: Gunicorn, path: str, content_type: str, body: bytes) -> tuple[int, Any]:
+    """POST `body` as it is after a chunked head; (status, parsed JSON body)."""
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        f"Authorization: Bearer {API_TOKEN}\r\nContent-Type: {content_type}\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n"
+    ).encode()
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(head + body)
+        sock.shutdown(socket.SHUT_WR)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    head_bytes, _, rest = answer.partition(b"\r\n\r\n")
+    status = int(head_bytes.split(b" ", 2)[1])
+    assert b"application/json" in head_bytes, answer
+    return status, json.loads(rest.split(b"\r\n\r\n")[0])
+
+
+_PART = b'--zz\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\nRIFF'
+_MALFORMED_CHUNKED = {
+    "bad size, json": ("application/json", b"zz\r\n{}\r\n0\r\n\r\n"),
+    "bad size, form": (
+        "multipart/form-data; boundary=zz",
+        b"%x\r\n" % len(_PART) + _PART + b"\r\nqq\r\n",
+    ),
+    "no terminator": ("multipart/form-data; boundary=zz", b"%x\r\n" % len(_PART) + _PART + b"XX"),
+    "truncated": ("multipart/form-data; boundary=zz", b"40\r\n" + _PART[:20]),
+}
+
+
+@pytest.mark.parametrize("path", ["/v1/jobs", "/v1/audio/transcriptions"])
+@pytest.mark.parametrize("case", list(_MALFORMED_CHUNKED))
+def test_malformed_chunked_body_is_400_json(server: Gunicorn, path: str, case: str) -> None:
+    content_type, body = _MALFORMED_CHUNKED[case]
+    if path.endswith("transcriptions") and content_type == "application/json":
+        pytest.skip("the sync endpoint refuses JSON before reading the body")
+    status, answer = _chunked(server, path, content_type, body)
+    assert status == 400, answer
+    assert answer["error"]["code"] in {"invalid_body", "bad_request"}, answer
+
+
+def test_chunked_form_with_too_many_parts_names_the_form_limit(server: Gunicorn) -> None:
+    parts = b"".join(
+        b'--zz\r\nContent-Disposition: form-data; name="p%d"\r\n\r\nx\r\n' % i for i in range(1200)
+    )
+    body = parts + b"--zz--\r\n"
+    status, answer = _chunked(
+        server,
+        "/v1/jobs",
+        "multipart/form-data; boundary=zz",
+        b"%x\r\n" % len(body) + body + b"\r\n0\r\n\r\n",
+    )
+    assert status == 413, answer
+    assert answer["error"]["code"] == "form_too_large", answer
+    assert "body is larger" not in answer["error"]["message"]
+
+
+def test_doubled_slashes_are_404_json_not_an_html_redirect(server: Gunicorn) -> None:
+    response = requests.get(
+        f"{server.url}//v1//jobs", headers=auth(), timeout=10, allow_redirects=False
+    )
+    _error(response, 404, "not_found")
