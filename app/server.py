@@ -9,12 +9,16 @@ Invariants:
 - An error gunicorn answers itself (a request it cannot parse: headers too large, URI too
   long, bad request line) has the API's JSON shape {"error": {"code", "message"}} and never
   echoes the request back (a request line can carry a signed URL's signature).
+- gunicorn's error log never holds request text: a refused request is logged as its
+  exception class only, a failed one by method and path without the query string, since a
+  request or header line can carry an API token or a signature (`_RequestTextFilter`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import threading
 from typing import Any
 
 from gunicorn import util
@@ -109,12 +113,53 @@ class _CapturedAnswer:
         return int(parts[1]), parts[2] if len(parts) > 2 else ""
 
 
+_handling = threading.local()  # the exception this thread's handle_error is logging
+
+
+class _RequestTextFilter(logging.Filter):
+    """Rewrites gunicorn's own error-log lines about a request so they carry no request text.
+
+    gunicorn logs "Invalid request from ip=…: <exception text>" (the raw request or header
+    line) and "Error handling request <method> <uri>" with a traceback; both can hold an API
+    token or a signed URL's signature. What is kept: the address, the exception class, the
+    method and the path.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not isinstance(record.msg, str):
+            return True
+        exc = getattr(_handling, "exc", None)
+        name = type(exc).__name__ if exc is not None else "error"
+        if record.msg.startswith("Invalid request from ip="):
+            record.msg = record.msg.split(": ", 1)[0] + f": {name} (request text not logged)"
+            record.args = ()
+        elif record.msg.startswith("Error handling request"):
+            req = getattr(_handling, "req", None)
+            method = getattr(req, "method", None) or "-"
+            path = getattr(req, "path", None) or "-"
+            record.msg = "Error handling request %s %s: %s (request text not logged)"
+            record.args = (method, path, name)
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
 class JsonErrorThreadWorker(ThreadWorker):  # type: ignore[misc]
     """gunicorn's gthread worker, answering the errors it raises itself in the JSON shape."""
 
+    def init_process(self) -> None:
+        error_log = self.log.error_log
+        if not any(isinstance(f, _RequestTextFilter) for f in error_log.filters):
+            error_log.addFilter(_RequestTextFilter())
+        super().init_process()
+
     def handle_error(self, req: Any, client: Any, addr: Any, exc: BaseException) -> None:
         captured = _CapturedAnswer(client)
-        super().handle_error(req, captured, addr, exc)
+        _handling.exc, _handling.req = exc, req
+        try:
+            super().handle_error(req, captured, addr, exc)
+        finally:
+            _handling.exc = _handling.req = None
         status = captured.status()
         if status is None:
             return

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -203,3 +204,30 @@ def test_doubled_slashes_are_404_json_not_an_html_redirect(server: Gunicorn) -> 
         f"{server.url}//v1//jobs", headers=auth(), timeout=10, allow_redirects=False
     )
     _error(response, 404, "not_found")
+
+
+def test_gunicorn_error_log_never_holds_request_text(server: Gunicorn) -> None:
+    """A malformed request or header line can carry a signature or a token; the server's log
+    (gunicorn's own warnings included) keeps only the exception class."""
+    token = API_TOKEN.encode()
+    sig = b"SECRETSIG"
+    cases = [
+        b"GET  /v1/audio/job_x?sig=" + sig + b"1 HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET /v1/audio/job_x?sig=" + sig + b"2 HTTP/1.1 extra\r\nHost: x\r\n\r\n",
+        b"GET /v1/audio/job_x?sig=" + sig + b"3\tHTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET /v1/jobs HTTP/1.1\r\nHost: x\r\nAuthorization Bearer " + token + b"-NOCOLON\r\n\r\n",
+        b"GET /v1/audio/job_x?sig=" + sig + b"4\x00 HTTP/1.1\r\nHost: x\r\n\r\n",
+    ]
+    for case in cases:
+        assert _raw(server, case).startswith(b"HTTP/1.1 400 ")
+    log = ""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:  # gunicorn writes its log asynchronously
+        log = server.proc.output()
+        if log.count("Invalid request from ip=") >= len(cases):
+            break
+        time.sleep(0.1)
+    assert log.count("Invalid request from ip=") >= len(cases), log
+    assert "SECRETSIG" not in log
+    assert API_TOKEN not in log
+    assert "InvalidRequestLine" in log
