@@ -231,3 +231,57 @@ def test_gunicorn_error_log_never_holds_request_text(server: Gunicorn) -> None:
     assert "SECRETSIG" not in log
     assert API_TOKEN not in log
     assert "InvalidRequestLine" in log
+
+
+def _worker_pid(server: Gunicorn) -> int:
+    """The pid of the one gunicorn worker process (a child of the arbiter)."""
+    arbiter = server.proc.popen.pid
+    children = Path(f"/proc/{arbiter}/task/{arbiter}/children").read_text().split()
+    assert len(children) == 1, children
+    return int(children[0])
+
+
+def _peak_rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmHWM")
+
+
+def test_json_body_over_64_kib_is_413_whatever_its_content(server: Gunicorn) -> None:
+    body = {"url": "http://127.0.0.1:9/" + "a" * 70_000}
+    response = requests.post(f"{server.url}/v1/jobs", headers=auth(), json=body, timeout=10)
+    _error(response, 413, "payload_too_large")
+
+
+def test_chunked_json_body_is_refused_without_reading_it_whole(server: Gunicorn) -> None:
+    """20 MB of `[{},{},…]` sent chunked: refused at the JSON limit, not parsed into objects
+    (which took ~1.3 GB for a 26 MB body)."""
+    pid = _worker_pid(server)
+    before = _peak_rss_kib(pid)
+    piece = b"[" + b"{}," * 300_000
+    head = (
+        f"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        f"Authorization: Bearer {API_TOKEN}\r\nContent-Type: application/json\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n"
+    ).encode()
+    host, port = server.url.removeprefix("http://").split(":")
+    answer = b""
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(head)
+        try:
+            for _ in range(22):  # about 20 MB, bounded
+                sock.sendall(b"%x\r\n" % len(piece) + piece + b"\r\n")
+                piece = b"{}," * 300_000
+            sock.sendall(b"0\r\n\r\n")
+        except OSError:
+            pass  # the server answered and closed before the end: what is wanted
+        try:
+            while chunk := sock.recv(65536):
+                answer += chunk
+        except OSError:
+            pass
+    assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]
+    assert b'"payload_too_large"' in answer
+    grown_mib = (_peak_rss_kib(pid) - before) / 1024
+    assert grown_mib < 15, f"peak RSS grew {grown_mib:.0f} MiB for a refused JSON body"
