@@ -85,6 +85,20 @@ def _too_large(app: Flask) -> tuple[str, str]:
     return "payload_too_large", f"the request body is larger than the limit of {limit} bytes"
 
 
+def _caused_by_slow_body(err: BaseException) -> bool:
+    # Werkzeug turns any OSError while reading the body into ClientDisconnected (400).
+    from app.server import BodyReadTimeout
+
+    cause: BaseException | None = err
+    for _ in range(5):
+        if cause is None:
+            return False
+        if isinstance(cause, BodyReadTimeout):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
 def register_error_handlers(app: Flask) -> None:
     @app.errorhandler(ApiError)
     def _api_error(err: ApiError) -> Response:
@@ -101,6 +115,8 @@ def register_error_handlers(app: Flask) -> None:
             code, message = _too_large(app)
         if status == 404:
             message = "no such endpoint"
+        if status == 400 and _caused_by_slow_body(err):
+            return _too_slow()
         response = error_response(status, code, message)
         # Keep what the exception says about the resource (Allow on a 405, Retry-After).
         for name, value in err.get_headers():
@@ -109,6 +125,13 @@ def register_error_handlers(app: Flask) -> None:
         return response
 
     from gunicorn.http.errors import NoMoreData, ParseException
+
+    from app.server import BodyReadTimeout
+
+    def _too_slow() -> Response:
+        return error_response(408, "request_timeout", "the request body arrived too slowly")
+
+    app.register_error_handler(BodyReadTimeout, lambda err: _too_slow())
 
     @app.errorhandler(ParseException)
     @app.errorhandler(NoMoreData)

@@ -17,6 +17,7 @@ from app.errors import ApiError
 from app.inputs import check_text, display_filename, request_json
 from app.jobs import idempotency, retention, service
 from app.jobs.formats import FORMATS, render
+from app.jobs.slow_work import probe_slot
 from app.jobs.waiting import client_socket, sync_slots, wait_for_job
 from app.languages import WHISPER_LANGUAGES, is_english_only
 from app.models import JobStatus
@@ -120,7 +121,8 @@ def _save_upload(svc: Services, upload: FileStorage) -> tuple[Path, int, float]:
                 "payload_too_large",
                 f"the file is {size} bytes; the limit is {svc.settings.api.max_upload_bytes}",
             )
-        info = probe_audio(staged, svc.settings.api.max_audio_seconds)
+        with probe_slot():
+            info = probe_audio(staged, svc.settings.api.max_audio_seconds)
     except BaseException:
         staged.unlink(missing_ok=True)
         raise
