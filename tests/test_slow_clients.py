@@ -117,3 +117,18 @@ def test_an_upload_finding_every_probe_slot_taken_is_503_and_leaves_nothing(
     storage = Path(client.application.extensions["murmur"].settings.storage_path)
     left = [p for p in storage.rglob("*") if p.is_file()] if storage.exists() else []
     assert left == []
+
+
+def test_a_url_job_finding_every_slot_taken_is_503(client: Any) -> None:
+    held = 0
+    for _ in range(slow_work.SLOTS):
+        assert slow_work._slots.acquire(timeout=1)
+        held += 1
+    try:
+        response = client.post("/v1/jobs", headers=auth(), json={"url": "http://127.0.0.1:9/a.wav"})
+    finally:
+        for _ in range(held):
+            slow_work._slots.release()
+    assert response.status_code == 503, response.data
+    assert response.get_json()["error"]["code"] == "server_busy"
+    assert response.headers["Retry-After"] == str(slow_work.RETRY_AFTER_SECONDS)

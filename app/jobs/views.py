@@ -88,7 +88,8 @@ def _webhook(value: Any, svc: Services) -> str | None:
             400, "webhooks_disabled", "webhooks are disabled: MURMUR_WEBHOOK_SECRET is not set"
         )
     allow = svc.settings.api.allow_private_urls
-    return check_url(value, field="webhook_url", allow_private=allow).url
+    with probe_slot():  # resolving the host may wait on a slow resolver
+        return check_url(value, field="webhook_url", allow_private=allow).url
 
 
 def _idempotency_key() -> str | None:
@@ -197,7 +198,8 @@ def _create_url_job(
         raise ApiError(400, "unknown_field", f"unknown field(s): {', '.join(sorted(unknown))}")
     if "url" not in body:
         raise ApiError(400, "missing_url", 'send JSON {"url": "https://..."} or upload a file')
-    checked = check_url(body["url"], allow_private=svc.settings.api.allow_private_urls)
+    with probe_slot():  # resolving the host may wait on a slow resolver
+        checked = check_url(body["url"], allow_private=svc.settings.api.allow_private_urls)
     req = service.JobRequest(
         owner=owner,
         source="url",
