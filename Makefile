@@ -63,6 +63,7 @@ bench: install
 	$(PY) bench/submit_throughput.py
 	$(PY) bench/e2e_overhead.py
 	$(PY) bench/sync_overload.py
+	$(PY) bench/slow_clients.py
 	$(PY) bench/fleet_economics.py
 
 clean:

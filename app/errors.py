@@ -7,6 +7,7 @@ from typing import Any
 
 from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException
+from werkzeug.wsgi import LimitedStream
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,13 @@ def _too_large(app: Flask) -> tuple[str, str]:
     """
     limit = app.config.get("MAX_CONTENT_LENGTH")
     length = request.content_length
-    if limit is not None and length is not None and length <= limit:
+    # A chunked body has no length: it hit the size limit only if the limited stream that
+    # Werkzeug reads it through is used up; otherwise the form's parser refused it.
+    if length is None:
+        within = not (isinstance(request.stream, LimitedStream) and request.stream.is_exhausted)
+    else:
+        within = limit is not None and length <= limit
+    if limit is not None and within:
         parts = app.config.get("MAX_FORM_PARTS")
         field = app.config.get("MAX_FORM_MEMORY_SIZE")
         return (
@@ -76,6 +83,20 @@ def _too_large(app: Flask) -> tuple[str, str]:
             f"{field} bytes; send the audio as one 'file' part and short fields",
         )
     return "payload_too_large", f"the request body is larger than the limit of {limit} bytes"
+
+
+def _caused_by_slow_body(err: BaseException) -> bool:
+    # Werkzeug turns any OSError while reading the body into ClientDisconnected (400).
+    from app.server import BodyReadTimeout
+
+    cause: BaseException | None = err
+    for _ in range(5):
+        if cause is None:
+            return False
+        if isinstance(cause, BodyReadTimeout):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 def register_error_handlers(app: Flask) -> None:
@@ -94,12 +115,32 @@ def register_error_handlers(app: Flask) -> None:
             code, message = _too_large(app)
         if status == 404:
             message = "no such endpoint"
+        if status == 400 and _caused_by_slow_body(err):
+            return _too_slow()
         response = error_response(status, code, message)
         # Keep what the exception says about the resource (Allow on a 405, Retry-After).
         for name, value in err.get_headers():
             if name.lower() != "content-type":
                 response.headers[name] = value
         return response
+
+    from gunicorn.http.errors import NoMoreData, ParseException
+
+    from app.server import BodyReadTimeout
+
+    def _too_slow() -> Response:
+        return error_response(408, "request_timeout", "the request body arrived too slowly")
+
+    app.register_error_handler(BodyReadTimeout, lambda err: _too_slow())
+
+    @app.errorhandler(ParseException)
+    @app.errorhandler(NoMoreData)
+    def _unreadable_body(err: Exception) -> Response:
+        # gunicorn raises these from the request body's reader (a malformed or truncated
+        # chunked body): the client's fault, never a server bug. The text is not echoed.
+        return error_response(
+            400, "invalid_body", "the request body is not valid HTTP/1.1 chunked encoding"
+        )
 
     @app.errorhandler(Exception)
     def _unexpected(err: Exception) -> Response:

@@ -36,6 +36,8 @@ def create_app(
 ) -> Flask:
     settings = settings or load_settings()
     app = _Api("murmur", static_folder=None)
+    # `//v1//jobs` is 404 JSON, not Werkzeug's HTML 308 redirect to the merged path.
+    app.url_map.merge_slashes = False
     app.config["MAX_CONTENT_LENGTH"] = settings.api.max_upload_bytes + _MULTIPART_OVERHEAD
     app.json = FiniteJSONProvider(app)
     if celery is None:

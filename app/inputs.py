@@ -4,6 +4,8 @@ Invariants: a string that reaches a view, the database or a log has no NUL, no l
 surrogate and (outside free text) no control character, so PostgreSQL never refuses it and a
 log line is never split; a JSON body is parsed without recursion errors and nested at most
 `MAX_JSON_DEPTH` deep, with finite numbers only. Refusals are `ApiError` 400s with a code.
+A body is read through `read_body`, which never holds more than its limit + 1 bytes, declared
+length or chunked: a JSON body is at most `MAX_JSON_BYTES`, not the audio upload's limit.
 A filename from a client is display text only: no path component, no control or bidi
 characters, bounded; it is never used as a path.
 """
@@ -22,6 +24,9 @@ from pydantic import AfterValidator
 from app.errors import ApiError
 
 MAX_JSON_DEPTH = 32
+# A URL job's JSON is a URL and a few short fields; the upload limit is for audio only.
+MAX_JSON_BYTES = 64 * 1024
+_READ_CHUNK = 64 * 1024
 MAX_FILENAME_CHARS = 255
 # Free text (a prompt, a failure message) may hold line breaks and tabs; nothing else below
 # U+0020 has a meaning in it.
@@ -104,13 +109,35 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def request_json() -> Any:
+def read_body(limit: int) -> bytes:
+    """The request body, or ApiError 413 `payload_too_large` once it passes `limit` bytes.
+
+    A declared length over the limit is refused unread; a chunked body is read until it
+    ends or passes the limit, so memory never holds more than `limit` + one read.
+    """
+    length = request.content_length
+    if length is not None and length > limit:
+        raise ApiError(413, "payload_too_large", f"the request body is larger than {limit} bytes")
+    chunks: list[bytes] = []
+    received = 0
+    stream = request.stream
+    while chunk := stream.read(min(_READ_CHUNK, limit + 1 - received)):
+        received += len(chunk)
+        if received > limit:
+            raise ApiError(
+                413, "payload_too_large", f"the request body is larger than {limit} bytes"
+            )
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def request_json(limit: int = MAX_JSON_BYTES) -> Any:
     """The request body parsed as JSON, or ApiError 400 `invalid_json` (never a 500).
 
     Flask's `get_json(silent=True)` lets `RecursionError` escape and accepts `NaN`; this
-    refuses both, and anything `json_problem` refuses.
+    refuses both, and anything `json_problem` refuses. Bodies over `limit` are 413.
     """
-    raw = request.get_data(cache=True)
+    raw = read_body(limit)
     try:
         body = json.loads(raw, parse_constant=_refuse_constant)
     except (ValueError, RecursionError):

@@ -17,7 +17,7 @@ from app.context import services
 from app.credentials import sign_audio_url, verify_audio_signature
 from app.errors import ApiError
 from app.fleet import readiness
-from app.inputs import StorableText, json_problem
+from app.inputs import MAX_JSON_BYTES, StorableText, json_problem, read_body
 from app.jobs import service
 from app.models import JobStatus, Worker, utcnow
 from gpu_worker.bounds import MAX_TOKEN, Probability, Seconds, Statistic, Token
@@ -86,12 +86,9 @@ class _Ready(BaseModel):
         return runtime
 
 
-def _body(model: type[BaseModel]) -> Any:
-    if request.content_length is not None and request.content_length > MAX_RESULT_BYTES:
-        raise ApiError(413, "payload_too_large", "the body is too large")
-    raw = request.get_data(cache=False)
-    if len(raw) > MAX_RESULT_BYTES:
-        raise ApiError(413, "payload_too_large", "the body is too large")
+def _body(model: type[BaseModel], limit: int = MAX_JSON_BYTES) -> Any:
+    # Only a result (a whole transcript) may be large; every other report is small.
+    raw = read_body(limit)
     try:
         return model.model_validate_json(raw or b"{}")
     except ValidationError as exc:
@@ -215,7 +212,7 @@ def audio(job_id: str) -> Response:
 @internal_bp.post("/workers/<worker_id>/<instance_id>/jobs/<job_id>/result")
 def result(worker_id: str, instance_id: str, job_id: str) -> Response:
     worker = authenticate_worker(worker_id, instance_id)
-    body: _Result = _body(_Result)
+    body: _Result = _body(_Result, MAX_RESULT_BYTES)
     svc = services()
     transcript = body.transcript.model_dump(exclude_none=True)
     stored = service.store_result(svc.db, job_id, worker.id, transcript, body.processing_seconds)

@@ -73,6 +73,7 @@ def openapi_document() -> dict[str, Any]:
                         },
                         "400": _ERROR,
                         "401": _ERROR,
+                        "408": _ERROR,
                         "413": _ERROR,
                         "415": _ERROR,
                         "422": {
@@ -223,6 +224,7 @@ def openapi_document() -> dict[str, Any]:
                         },
                         "400": _ERROR,
                         "401": _ERROR,
+                        "408": _ERROR,
                         "409": _ERROR,
                         "413": _ERROR,
                         "415": _ERROR,

@@ -9,12 +9,24 @@ Invariants:
 - An error gunicorn answers itself (a request it cannot parse: headers too large, URI too
   long, bad request line) has the API's JSON shape {"error": {"code", "message"}} and never
   echoes the request back (a request line can carry a signed URL's signature).
+- No client holds a thread by sending slowly: a request's head must arrive within
+  `HEAD_SECONDS` of its first byte, and its body at `MIN_BODY_BYTES_PER_SECOND` on average
+  after that (`_ReadDeadline`). A late head is answered 408 and the connection closed; a late
+  body raises `BodyReadTimeout` into the app, which answers 408 (app/errors.py). This is the
+  server's own guard; the TLS front (docker/Caddyfile) buffers requests as a second layer.
+- gunicorn's error log never holds request text: a refused request is logged as its
+  exception class only, a failed one by method and path without the query string, since a
+  request or header line can carry an API token or a signature (`_RequestTextFilter`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import socket
+import threading
+import time
 from typing import Any
 
 from gunicorn import util
@@ -26,6 +38,12 @@ log = logging.getLogger(__name__)
 
 WORKER_CLASS = "app.server.JsonErrorThreadWorker"
 
+# A request head is a few hundred bytes: ten seconds is generous for any real client.
+HEAD_SECONDS = 10.0
+# 256 kbit/s: a 25 MB upload may take 13 minutes; a client slower than that on average is
+# refused rather than allowed to hold a thread for longer.
+MIN_BODY_BYTES_PER_SECOND = 32 * 1024
+
 _GUNICORN_ERRORS = {
     400: ("bad_request", "the request is not valid HTTP"),
     403: ("forbidden", "the request is forbidden"),
@@ -35,6 +53,7 @@ _GUNICORN_ERRORS = {
         "request_header_fields_too_large",
         "the request headers are larger or more numerous than the server accepts",
     ),
+    408: ("request_timeout", "the request did not arrive in time"),
     500: ("internal_error", "the server failed to handle the request"),
     501: ("not_implemented", "the request uses a transfer coding the server does not support"),
 }
@@ -109,12 +128,142 @@ class _CapturedAnswer:
         return int(parts[1]), parts[2] if len(parts) > 2 else ""
 
 
+class BodyReadTimeout(TimeoutError):
+    """The request body arrived slower than `MIN_BODY_BYTES_PER_SECOND` allows."""
+
+
+class _HeadReadTimeout(Exception):
+    """The request head did not arrive within `HEAD_SECONDS` (not an OSError, so that gunicorn
+    hands it to `handle_error`, which answers 408)."""
+
+
+class _ReadDeadline:
+    """Stands in for the client socket in gunicorn's request parser: every `recv` waits at
+    most until the request's deadline, which starts at HEAD_SECONDS and grows by one second
+    per MIN_BODY_BYTES_PER_SECOND bytes received. Past it, reading is shut down (later reads
+    see the end of the stream, so the connection closes after the answer) and the read fails.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self.in_head = True
+        self._started = time.monotonic()
+        self._received = 0
+        self._expired = False
+
+    def start_request(self) -> None:
+        self.in_head = True
+        self._started = time.monotonic()
+        self._received = 0
+
+    def recv(self, size: int) -> bytes:
+        if self._expired:
+            return b""
+        deadline = self._started + HEAD_SECONDS + self._received / MIN_BODY_BYTES_PER_SECOND
+        remaining = deadline - time.monotonic()
+        prior = self._sock.gettimeout()  # gunicorn's own drain sets one; keep the smaller
+        try:
+            if remaining > 0:
+                self._sock.settimeout(remaining if prior is None else min(prior, remaining))
+                try:
+                    data = self._sock.recv(size)
+                except TimeoutError:
+                    if prior is not None and prior < remaining:
+                        raise  # gunicorn's own timeout, not the request's deadline
+                else:
+                    self._received += len(data)
+                    return data
+        finally:
+            self._sock.settimeout(prior)
+        self._expired = True
+        with contextlib.suppress(OSError):  # the client may have gone already
+            self._sock.shutdown(socket.SHUT_RD)
+        if self.in_head:
+            raise _HeadReadTimeout()
+        raise BodyReadTimeout("the request body arrived too slowly")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
+_handling = threading.local()  # the exception this thread's handle_error is logging
+
+
+class _RequestTextFilter(logging.Filter):
+    """Rewrites gunicorn's own error-log lines about a request so they carry no request text.
+
+    gunicorn logs "Invalid request from ip=…: <exception text>" (the raw request or header
+    line) and "Error handling request <method> <uri>" with a traceback; both can hold an API
+    token or a signed URL's signature. What is kept: the address, the exception class, the
+    method and the path.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not isinstance(record.msg, str):
+            return True
+        exc = getattr(_handling, "exc", None)
+        name = type(exc).__name__ if exc is not None else "error"
+        if record.msg.startswith("Invalid request from ip="):
+            record.msg = record.msg.split(": ", 1)[0] + f": {name} (request text not logged)"
+            record.args = ()
+        elif record.msg.startswith("Error handling request"):
+            req = getattr(_handling, "req", None)
+            method = getattr(req, "method", None) or "-"
+            path = getattr(req, "path", None) or "-"
+            record.msg = "Error handling request %s %s: %s (request text not logged)"
+            record.args = (method, path, name)
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
 class JsonErrorThreadWorker(ThreadWorker):  # type: ignore[misc]
     """gunicorn's gthread worker, answering the errors it raises itself in the JSON shape."""
 
+    def init_process(self) -> None:
+        error_log = self.log.error_log
+        if not any(isinstance(f, _RequestTextFilter) for f in error_log.filters):
+            error_log.addFilter(_RequestTextFilter())
+        super().init_process()
+
+    def handle(self, conn: Any) -> Any:
+        reader = getattr(conn, "murmur_deadline", None)
+        if reader is not None:
+            reader.start_request()  # a kept-alive connection's next request
+        elif not getattr(conn, "murmur_wrapped", False):
+            conn.murmur_wrapped = True
+            init = conn.init
+
+            def init_with_deadline() -> None:
+                init()  # creates the parser that reads from conn.sock
+                sock: socket.socket = conn.sock
+                unreader = getattr(conn.parser, "unreader", None)
+                if unreader is not None and getattr(unreader, "sock", None) is sock:
+                    conn.murmur_deadline = unreader.sock = _ReadDeadline(sock)
+
+            conn.init = init_with_deadline
+        return super().handle(conn)
+
+    def handle_request(self, req: Any, conn: Any) -> Any:
+        reader = getattr(conn, "murmur_deadline", None)
+        if reader is not None:
+            reader.in_head = False
+        return super().handle_request(req, conn)
+
     def handle_error(self, req: Any, client: Any, addr: Any, exc: BaseException) -> None:
+        if isinstance(exc, _HeadReadTimeout):
+            self.log.warning("request head not received within %.0f s; closed", HEAD_SECONDS)
+            try:
+                util.write_nonblock(client, json_error_bytes(408, "Request Timeout"))
+            except Exception:
+                log.debug("failed to send an error answer")
+            return
         captured = _CapturedAnswer(client)
-        super().handle_error(req, captured, addr, exc)
+        _handling.exc, _handling.req = exc, req
+        try:
+            super().handle_error(req, captured, addr, exc)
+        finally:
+            _handling.exc = _handling.req = None
         status = captured.status()
         if status is None:
             return

@@ -28,7 +28,7 @@ from typing import IO
 import requests
 
 from app.config import ConfigError, check_settings, load_settings
-from app.private_files import private_dir, tighten, write_private_text
+from app.private_files import private_dir, private_file, tighten, write_private_text
 
 ROOT = Path(__file__).resolve().parent.parent
 VAR = ROOT / "var"
@@ -104,7 +104,8 @@ class _Tail(threading.Thread):
         self.echo = echo
 
     def run(self) -> None:
-        with self.log.open("ab") as out:
+        # Logs hold job ids, request paths and worker output: owner-only, like var/ itself.
+        with private_file(self.log).open("ab") as out:
             for raw in iter(self.stream.readline, b""):
                 out.write(raw)
                 out.flush()
@@ -124,7 +125,7 @@ class Stack:
         self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
         # Things that are not our children but the stack needs (the broker): name -> "answers?"
         self.probes: dict[str, Callable[[], bool]] = {}
-        logs.mkdir(parents=True, exist_ok=True)
+        private_dir(logs)
 
     def start(self, name: str, args: list[str]) -> None:
         proc = subprocess.Popen(

@@ -6,7 +6,9 @@ The gunicorn cases run the production command line (app/server.py) on loopback.
 from __future__ import annotations
 
 import io
+import json
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +16,7 @@ from typing import Any
 import pytest
 import requests
 
-from tests.conftest import auth, make_settings
+from tests.conftest import API_TOKEN, auth, make_settings
 from tests.serving import Gunicorn, gunicorn_api
 
 
@@ -136,3 +138,150 @@ def test_flask_errors_are_json(tmp_path: Path, redis_url: str) -> None:
         assert "html" not in options.headers.get("Content-Type", "")
     finally:
         db.dispose()
+
+
+def _chunked(server: Gunicorn, path: str, content_type: str, body: bytes) -> tuple[int, Any]:
+    """POST `body` as it is after a chunked head; (status, parsed JSON body)."""
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        f"Authorization: Bearer {API_TOKEN}\r\nContent-Type: {content_type}\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n"
+    ).encode()
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(head + body)
+        sock.shutdown(socket.SHUT_WR)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    head_bytes, _, rest = answer.partition(b"\r\n\r\n")
+    status = int(head_bytes.split(b" ", 2)[1])
+    assert b"application/json" in head_bytes, answer
+    return status, json.loads(rest.split(b"\r\n\r\n")[0])
+
+
+_PART = b'--zz\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\nRIFF'
+_MALFORMED_CHUNKED = {
+    "bad size, json": ("application/json", b"zz\r\n{}\r\n0\r\n\r\n"),
+    "bad size, form": (
+        "multipart/form-data; boundary=zz",
+        b"%x\r\n" % len(_PART) + _PART + b"\r\nqq\r\n",
+    ),
+    "no terminator": ("multipart/form-data; boundary=zz", b"%x\r\n" % len(_PART) + _PART + b"XX"),
+    "truncated": ("multipart/form-data; boundary=zz", b"40\r\n" + _PART[:20]),
+}
+
+
+@pytest.mark.parametrize("path", ["/v1/jobs", "/v1/audio/transcriptions"])
+@pytest.mark.parametrize("case", list(_MALFORMED_CHUNKED))
+def test_malformed_chunked_body_is_400_json(server: Gunicorn, path: str, case: str) -> None:
+    content_type, body = _MALFORMED_CHUNKED[case]
+    if path.endswith("transcriptions") and content_type == "application/json":
+        pytest.skip("the sync endpoint refuses JSON before reading the body")
+    status, answer = _chunked(server, path, content_type, body)
+    assert status == 400, answer
+    assert answer["error"]["code"] in {"invalid_body", "bad_request"}, answer
+
+
+def test_chunked_form_with_too_many_parts_names_the_form_limit(server: Gunicorn) -> None:
+    parts = b"".join(
+        b'--zz\r\nContent-Disposition: form-data; name="p%d"\r\n\r\nx\r\n' % i for i in range(1200)
+    )
+    body = parts + b"--zz--\r\n"
+    status, answer = _chunked(
+        server,
+        "/v1/jobs",
+        "multipart/form-data; boundary=zz",
+        b"%x\r\n" % len(body) + body + b"\r\n0\r\n\r\n",
+    )
+    assert status == 413, answer
+    assert answer["error"]["code"] == "form_too_large", answer
+    assert "body is larger" not in answer["error"]["message"]
+
+
+def test_doubled_slashes_are_404_json_not_an_html_redirect(server: Gunicorn) -> None:
+    response = requests.get(
+        f"{server.url}//v1//jobs", headers=auth(), timeout=10, allow_redirects=False
+    )
+    _error(response, 404, "not_found")
+
+
+def test_gunicorn_error_log_never_holds_request_text(server: Gunicorn) -> None:
+    """A malformed request or header line can carry a signature or a token; the server's log
+    (gunicorn's own warnings included) keeps only the exception class."""
+    token = API_TOKEN.encode()
+    sig = b"SECRETSIG"
+    cases = [
+        b"GET  /v1/audio/job_x?sig=" + sig + b"1 HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET /v1/audio/job_x?sig=" + sig + b"2 HTTP/1.1 extra\r\nHost: x\r\n\r\n",
+        b"GET /v1/audio/job_x?sig=" + sig + b"3\tHTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET /v1/jobs HTTP/1.1\r\nHost: x\r\nAuthorization Bearer " + token + b"-NOCOLON\r\n\r\n",
+        b"GET /v1/audio/job_x?sig=" + sig + b"4\x00 HTTP/1.1\r\nHost: x\r\n\r\n",
+    ]
+    for case in cases:
+        assert _raw(server, case).startswith(b"HTTP/1.1 400 ")
+    log = ""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:  # gunicorn writes its log asynchronously
+        log = server.proc.output()
+        if log.count("Invalid request from ip=") >= len(cases):
+            break
+        time.sleep(0.1)
+    assert log.count("Invalid request from ip=") >= len(cases), log
+    assert "SECRETSIG" not in log
+    assert API_TOKEN not in log
+    assert "InvalidRequestLine" in log
+
+
+def _worker_pid(server: Gunicorn) -> int:
+    """The pid of the one gunicorn worker process (a child of the arbiter)."""
+    arbiter = server.proc.popen.pid
+    children = Path(f"/proc/{arbiter}/task/{arbiter}/children").read_text().split()
+    assert len(children) == 1, children
+    return int(children[0])
+
+
+def _peak_rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmHWM")
+
+
+def test_json_body_over_64_kib_is_413_whatever_its_content(server: Gunicorn) -> None:
+    body = {"url": "http://127.0.0.1:9/" + "a" * 70_000}
+    response = requests.post(f"{server.url}/v1/jobs", headers=auth(), json=body, timeout=10)
+    _error(response, 413, "payload_too_large")
+
+
+def test_chunked_json_body_is_refused_without_reading_it_whole(server: Gunicorn) -> None:
+    """20 MB of `[{},{},…]` sent chunked: refused at the JSON limit, not parsed into objects
+    (which took ~1.3 GB for a 26 MB body)."""
+    pid = _worker_pid(server)
+    before = _peak_rss_kib(pid)
+    piece = b"[" + b"{}," * 300_000
+    head = (
+        f"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        f"Authorization: Bearer {API_TOKEN}\r\nContent-Type: application/json\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n"
+    ).encode()
+    host, port = server.url.removeprefix("http://").split(":")
+    answer = b""
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(head)
+        try:
+            for _ in range(22):  # about 20 MB, bounded
+                sock.sendall(b"%x\r\n" % len(piece) + piece + b"\r\n")
+                piece = b"{}," * 300_000
+            sock.sendall(b"0\r\n\r\n")
+        except OSError:
+            pass  # the server answered and closed before the end: what is wanted
+        try:
+            while chunk := sock.recv(65536):
+                answer += chunk
+        except OSError:
+            pass
+    assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]
+    assert b'"payload_too_large"' in answer
+    grown_mib = (_peak_rss_kib(pid) - before) / 1024
+    assert grown_mib < 15, f"peak RSS grew {grown_mib:.0f} MiB for a refused JSON body"

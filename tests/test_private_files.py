@@ -8,6 +8,8 @@ from __future__ import annotations
 import io
 import os
 import stat
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -162,3 +164,21 @@ def test_make_up_never_prints_a_token_the_operator_supplied(
     # Nothing was generated for it either.
     secrets_file = dev_var / "dev-secrets.env"
     assert "MURMUR_API_TOKEN=" not in (secrets_file.read_text() if secrets_file.exists() else "")
+
+
+def test_stack_logs_are_owner_only(tmp_path: Path, umask_022: None) -> None:
+    logs = tmp_path / "var" / "logs"
+    supervisor = stack.Stack(dict(os.environ), echo=(), logs=logs)
+    supervisor.start("api", [sys.executable, "-c", "print('hello')"])
+    try:
+        deadline = time.monotonic() + 10
+        log = logs / "api.log"
+        while time.monotonic() < deadline and "hello" not in (
+            log.read_text() if log.exists() else ""
+        ):
+            time.sleep(0.05)
+        assert "hello" in log.read_text()
+    finally:
+        supervisor.stop()
+    assert stat.S_IMODE(logs.stat().st_mode) == 0o700
+    assert stat.S_IMODE(log.stat().st_mode) == 0o600

@@ -17,6 +17,7 @@ from app.errors import ApiError
 from app.inputs import check_text, display_filename, request_json
 from app.jobs import idempotency, retention, service
 from app.jobs.formats import FORMATS, render
+from app.jobs.slow_work import probe_slot
 from app.jobs.waiting import client_socket, sync_slots, wait_for_job
 from app.languages import WHISPER_LANGUAGES, is_english_only
 from app.models import JobStatus
@@ -87,7 +88,8 @@ def _webhook(value: Any, svc: Services) -> str | None:
             400, "webhooks_disabled", "webhooks are disabled: MURMUR_WEBHOOK_SECRET is not set"
         )
     allow = svc.settings.api.allow_private_urls
-    return check_url(value, field="webhook_url", allow_private=allow).url
+    with probe_slot():  # resolving the host may wait on a slow resolver
+        return check_url(value, field="webhook_url", allow_private=allow).url
 
 
 def _idempotency_key() -> str | None:
@@ -120,7 +122,8 @@ def _save_upload(svc: Services, upload: FileStorage) -> tuple[Path, int, float]:
                 "payload_too_large",
                 f"the file is {size} bytes; the limit is {svc.settings.api.max_upload_bytes}",
             )
-        info = probe_audio(staged, svc.settings.api.max_audio_seconds)
+        with probe_slot():
+            info = probe_audio(staged, svc.settings.api.max_audio_seconds)
     except BaseException:
         staged.unlink(missing_ok=True)
         raise
@@ -195,7 +198,8 @@ def _create_url_job(
         raise ApiError(400, "unknown_field", f"unknown field(s): {', '.join(sorted(unknown))}")
     if "url" not in body:
         raise ApiError(400, "missing_url", 'send JSON {"url": "https://..."} or upload a file')
-    checked = check_url(body["url"], allow_private=svc.settings.api.allow_private_urls)
+    with probe_slot():  # resolving the host may wait on a slow resolver
+        checked = check_url(body["url"], allow_private=svc.settings.api.allow_private_urls)
     req = service.JobRequest(
         owner=owner,
         source="url",
