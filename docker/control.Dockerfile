@@ -24,6 +24,9 @@ COPY pyproject.toml setup.cfg README.md alembic.ini ./
 COPY migrations ./migrations
 COPY app ./app
 COPY tasks ./tasks
+# The wire contract and shared rules the control plane imports from the worker package
+# (finite numbers, broker TLS, queue keys): light modules, no model or torch.
+COPY gpu_worker ./gpu_worker
 # Editable, so app.migrate finds alembic.ini and migrations/ next to the code; --no-deps
 # because every dependency is pinned in requirements/control.txt above.
 RUN pip install --no-cache-dir --no-deps -e .
