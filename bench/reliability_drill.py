@@ -240,13 +240,22 @@ def production_api(env: dict[str, str], port: int, log: Path) -> subprocess.Pope
     env = {**env, "MURMUR_HOST": "127.0.0.1", "MURMUR_PORT": str(port)}
     args = gunicorn_args(load_settings(env=env), workers=2, threads=8)
     out = log.open("ab")
-    return subprocess.Popen(
+    proc = subprocess.Popen(
         [sys.executable, "-m", "gunicorn", *args],
         env=env,
         cwd=ROOT,
         stdout=out,
         stderr=subprocess.STDOUT,
     )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            requests.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
+            return proc
+        except requests.RequestException:
+            time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"the API did not start (see {log})")
 
 
 def start_stack(database_url: str | None) -> Stack:
