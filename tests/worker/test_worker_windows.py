@@ -57,9 +57,11 @@ class Spy:
     def __init__(self, call: Any) -> None:
         self.call = call
         self.seconds: list[float] = []
+        self.prompts: list[str | None] = []
 
     def __call__(self, audio: npt.NDArray[np.float32], **options: Any) -> Any:
         self.seconds.append(audio.shape[0] / SAMPLE_RATE)
+        self.prompts.append(options.get("initial_prompt"))
         return self.call(audio, **options)
 
 
@@ -149,6 +151,30 @@ def test_a_cancel_stops_within_one_window_of_audio_without_speech(
 
     assert checks == [1]
     assert spy.seconds == [pytest.approx(10, abs=0.1)]  # one window ran, not the 2 min
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("batch_size", "prompted"), [(1, 1), (8, 3)])
+def test_the_prompt_reaches_the_windows_faster_whisper_would_prompt(
+    tiny_en_dir: Path,
+    fixtures_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    batch_size: int,
+    prompted: int,
+) -> None:
+    # Sequential faster-whisper drops the initial prompt after its first 30 s window when
+    # condition_on_previous_text is off; the batched pipeline prompts every batch.
+    transcriber = FasterWhisperTranscriber(
+        tiny_en_dir, compute_type="int8", cpu_threads=2, batch_size=batch_size
+    )
+    audio = np.tile(decode_audio(str(fixtures_dir / "silence-5s.wav")), 6)[: 28 * SAMPLE_RATE]
+    monkeypatch.setattr(module, "WINDOW_SECONDS", 10)
+    spy = _spy_on(transcriber, monkeypatch)
+
+    transcriber.transcribe(audio, language="en", prompt="Murmur", word_timestamps=False)
+
+    assert len(spy.prompts) == 3
+    assert spy.prompts == ["Murmur"] * prompted + [None] * (3 - prompted)
 
 
 # Measured (VmHWM growth over the warmed-up process, 30 min of audio with 6.6 s of speech a
