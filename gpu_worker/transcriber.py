@@ -24,6 +24,7 @@ from faster_whisper.transcribe import Segment as WhisperSegment
 from gpu_worker.manifest import VerifiedAsset
 from gpu_worker.runtime import RuntimeProfile
 from gpu_worker.transcript import Segment, Transcript, Word, join_text, monotonic_words
+from gpu_worker.windows import shifted, window_bounds
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,14 @@ BEAM_SIZE = 5
 # WhisperX's own VAD defaults (asr-runtime.md §1), passed explicitly.
 VAD_ONSET = 0.5
 CHUNK_SECONDS = 30
+# faster-whisper runs VAD and builds the features of everything it is given at once (about
+# +2.5 GiB per hour of audio, docs/performance.md), so longer audio is handed to it in windows
+# of at most this many seconds: a worker's memory then follows the window, not the file.
+# Audio no longer than one window takes the single-call path unchanged.
+WINDOW_SECONDS = 600
+# A window ends at the quietest 100 ms of its last few seconds, so a word is not cut in two.
+CUT_SEARCH_SECONDS = 5.0
+CUT_FRAME_SECONDS = 0.1
 
 
 class UnsupportedLanguage(ValueError):
@@ -229,16 +238,67 @@ class FasterWhisperTranscriber:
             # rest of a long file with repetition loops.
             "condition_on_previous_text": False,
         }
-        if self._batched is not None:
-            pieces, info = self._batched.transcribe(samples, batch_size=self._batch_size, **options)
-        else:
-            pieces, info = self.model.transcribe(samples, **options)
+        if samples.shape[0] > WINDOW_SECONDS * SAMPLE_RATE:
+            return self._windowed(samples, options, checkpoint)
+        pieces, info = self._run(samples, options)
         # The generator does the work; materialise it here, inside the timed call.
         segments = _segments_from_faster_whisper(_collect(pieces, checkpoint))
         return Transcript(
             text=join_text(segments),
             language=info.language,
             duration=float(info.duration),
+            segments=segments,
+        )
+
+    def _run(
+        self, samples: npt.NDArray[np.float32], options: dict[str, Any]
+    ) -> tuple[Iterable[WhisperSegment], Any]:
+        result: tuple[Iterable[WhisperSegment], Any]
+        if self._batched is not None:
+            result = self._batched.transcribe(samples, batch_size=self._batch_size, **options)
+        else:
+            result = self.model.transcribe(samples, **options)
+        return result
+
+    def _windowed(
+        self,
+        samples: npt.NDArray[np.float32],
+        options: dict[str, Any],
+        checkpoint: Checkpoint | None,
+    ) -> Transcript:
+        """Long audio, one bounded window at a time (WINDOW_SECONDS), checked between windows."""
+        collected: list[WhisperSegment] = []
+        detected: str | None = None
+        bounds = window_bounds(
+            samples,
+            window=int(WINDOW_SECONDS * SAMPLE_RATE),
+            search=int(CUT_SEARCH_SECONDS * SAMPLE_RATE),
+            frame=int(CUT_FRAME_SECONDS * SAMPLE_RATE),
+        )
+        for index, (start, end) in enumerate(bounds):
+            if index > 0:
+                # Windows without speech yield no segment: without this a cancelled job
+                # would run on through them.
+                if checkpoint is not None:
+                    checkpoint()
+                # As faster-whisper does across its own 30 s windows: the sequential path
+                # prompts only the first (condition_on_previous_text is off), the batched
+                # one prompts every batch.
+                if self._batched is None:
+                    options = {**options, "initial_prompt": None}
+            pieces, info = self._run(samples[start:end], options)
+            found = _collect(pieces, checkpoint)
+            if detected is None and (found or options["language"] is not None):
+                # The language found in the first speech holds for the rest, as in one call.
+                detected = info.language
+                options = {**options, "language": detected}
+            offset, limit = start / SAMPLE_RATE, end / SAMPLE_RATE
+            collected.extend(shifted(piece, offset, limit) for piece in found)
+        segments = _segments_from_faster_whisper(collected)
+        return Transcript(
+            text=join_text(segments),
+            language=detected or info.language,
+            duration=samples.shape[0] / SAMPLE_RATE,
             segments=segments,
         )
 
