@@ -69,6 +69,11 @@ def gunicorn(
         stdout=out,
         stderr=subprocess.STDOUT if out is not None else None,
     )
+    return answering(proc, port, f"gunicorn {app}")
+
+
+def answering(proc: subprocess.Popen[bytes], port: int, what: str) -> subprocess.Popen[bytes]:
+    """`proc` once /healthz answers on `port` (30 s at most; killed and refused after)."""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
@@ -77,7 +82,7 @@ def gunicorn(
         except requests.RequestException:
             time.sleep(0.2)
     proc.kill()
-    raise RuntimeError(f"gunicorn {app} did not start")
+    raise RuntimeError(f"{what} did not start")
 
 
 def temp_dir() -> Path:

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import requests
-from _stack import ROOT, TOKEN, bench_env, free_port, temp_dir
+from _stack import ROOT, TOKEN, answering, bench_env, free_port, temp_dir
 
 from app.config import load_settings
 from app.db import Database
@@ -247,15 +247,7 @@ def production_api(env: dict[str, str], port: int, log: Path) -> subprocess.Pope
         stdout=out,
         stderr=subprocess.STDOUT,
     )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            requests.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
-            return proc
-        except requests.RequestException:
-            time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError(f"the API did not start (see {log})")
+    return answering(proc, port, f"the API (log: {log})")
 
 
 def start_stack(database_url: str | None) -> Stack:
