@@ -9,8 +9,10 @@ workers, never with the backlog.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from enum import StrEnum
 
 from app.models import WorkerState
 
@@ -30,17 +32,56 @@ _STARTING = frozenset({WorkerState.REQUESTED.value, WorkerState.CREATING.value})
 _REPORTING = frozenset({WorkerState.READY.value, WorkerState.DRAINING.value})
 # Provider states meaning "powered off"; the Go SDK spells one of them with spaces.
 STOPPED_STATES = frozenset({"stopped", "stopped in place", "stopped_in_place"})
-# The head of a death reason that is a capacity failure (see MarkDead.capacity).
-STOPPED_BEFORE_BOOT = "out of stock"
 # Words in a provider's state detail that say a stop was for lack of stock.
 _STOCK_DETAIL = ("out of stock", "out_of_stock", "shortage")
 # Why a booting worker is retired before it is ready: nothing waits for it any more.
 NOT_NEEDED = "not needed"
-# The head of the death reason of a worker that never became ready (see MarkDead.failed_boot).
-BOOT_TIMEOUT = "boot timeout"
-# The head of the error of a worker refused at readiness (app.fleet.readiness.reject): it
-# booted an image that cannot serve its profile, also a failed boot.
-RUNTIME_REJECTED = "runtime rejected"
+
+
+class Death(StrEnum):
+    """Why a live worker is declared dead: the head of its reason (`"<death>: <detail>"`), the
+    worker's `delete_reason`, and what the fleet does about it."""
+
+    PROVISIONING_INTERRUPTED = "provisioning interrupted"
+    INSTANCE_GONE = "instance gone"
+    INSTANCE_STOPPED = "instance stopped"
+    # The provider stopped it before it ever booted: out of stock, as if create had said so.
+    OUT_OF_STOCK = "out of stock"
+    BOOT_TIMEOUT = "boot timeout"
+    # Refused at readiness (app.fleet.readiness.reject): it booted an image that cannot serve
+    # its profile.
+    RUNTIME_REJECTED = "runtime rejected"
+    NO_HEARTBEAT = "no heartbeat"
+
+    @property
+    def capacity(self) -> bool:
+        """Backs its profile off and falls back to the next, like an out-of-stock create."""
+        return self is Death.OUT_OF_STOCK
+
+    @property
+    def failed_boot(self) -> bool:
+        """Counts as a failed boot of its profile (enough in a row hold it, see
+        fleet.max_failed_boots)."""
+        return self in (Death.BOOT_TIMEOUT, Death.RUNTIME_REJECTED)
+
+    @property
+    def keeps_log(self) -> bool:
+        """The worker may have run: an operator may still want its last log lines."""
+        return self is not Death.OUT_OF_STOCK
+
+    def because(self, detail: str) -> str:
+        return f"{self.value}: {detail}"
+
+    @classmethod
+    def of(cls, reason: str | None) -> Death | None:
+        """The death a reason (or a `delete_reason`) names, or None for a retirement."""
+        head = (reason or "").split(":", 1)[0]
+        try:
+            return cls(head)
+        except ValueError:
+            return None
+
+
 _BUDGET_EPSILON = 1e-9
 
 
@@ -180,14 +221,16 @@ class MarkStarting:
 @dataclass(frozen=True)
 class MarkDead:
     worker_id: str
-    reason: str
-    # The provider stopped it before it ever booted: out of stock, as if create had said so
-    # (back-off of its profile, fallback to the next).
-    capacity: bool = False
-    # It never became ready within the boot timeout, or was refused at readiness: a failed
-    # boot of its profile (counted; enough in a row hold the profile, see
-    # fleet.max_failed_boots).
-    failed_boot: bool = False
+    death: Death
+    reason: str  # "<death>: <detail>", for the worker's error and the logs
+
+    @property
+    def capacity(self) -> bool:
+        return self.death.capacity
+
+    @property
+    def failed_boot(self) -> bool:
+        return self.death.failed_boot
 
 
 @dataclass(frozen=True)
@@ -282,28 +325,72 @@ def _fmt(td: timedelta) -> str:
 
 
 def plan_fleet(state: FleetState) -> FleetPlan:
-    """Every action that brings the fleet toward the demand, within every bound."""
-    now, rules = state.now, state.rules
-    profiles = {p.name: p for p in state.profiles}
+    """Every action that brings the fleet toward the demand, within every bound.
+
+    The phases run in order on one `_Round`; each reads what the earlier ones decided.
+    """
+    r = _Round.start(state)
+    _lifecycle(r)
+    _count(r)
+    _reroute(r)
+    _dispatch(r)
+    _grow_backlogs(r)
+    _provision_waiting(r)
+    _retire(r)
+    return _finish(r, _orphans(state))
+
+
+@dataclass
+class _Round:
+    """One planning round's working state (never leaves this module)."""
+
+    state: FleetState
+    profiles: dict[str, ProfileSnapshot]
+    tallies: dict[str, _Tally]
+    dead: dict[str, MarkDead] = field(default_factory=dict)
+    booted: list[Action] = field(default_factory=list)
+    teardown: list[Action] = field(default_factory=list)
+    live_ids: set[str] = field(default_factory=set)
+    current_eur: float = 0.0
+    requeues: list[Requeue] = field(default_factory=list)
+    dispatches: list[Dispatch] = field(default_factory=list)
+    waiting: int = 0  # queued jobs not given a worker slot yet
+    spare_slots: int = 0
+    reached: set[str] = field(default_factory=set)  # profiles whose ready workers take new jobs
+    held_back: list[str] = field(default_factory=list)
+    provisions: list[Provision] = field(default_factory=list)
+    planned_eur: float = 0.0
+    unmet: int = 0  # jobs that still need a new worker
+    provisions_left: int = 0
+
+    @classmethod
+    def start(cls, state: FleetState) -> _Round:
+        return cls(
+            state=state,
+            profiles={p.name: p for p in state.profiles},
+            tallies={p.name: _Tally() for p in state.profiles},
+            provisions_left=state.rules.max_provisions,
+        )
+
+    def tally(self, name: str) -> _Tally:
+        if name not in self.tallies:  # a profile removed from the config with workers/jobs
+            self.tallies[name] = _Tally(status="removed")
+        return self.tallies[name]
+
+    def enabled(self) -> Iterator[tuple[ProfileSnapshot, _Tally]]:
+        return ((p, self.tallies[p.name]) for p in self.state.profiles if p.enabled)
+
+
+def _lifecycle(r: _Round) -> None:
+    """1. Lifecycle facts and dead workers."""
+    state = r.state
     instances = {(i.provider, i.instance_id): i for i in state.inventory}
-    tallies: dict[str, _Tally] = {p.name: _Tally() for p in state.profiles}
-
-    def tally(name: str) -> _Tally:
-        if name not in tallies:  # a profile removed from the config that still has workers/jobs
-            tallies[name] = _Tally(status="removed")
-        return tallies[name]
-
-    booted: list[Action] = []
-    dead: dict[str, str] = {}
-    teardown: list[Action] = []
     silence_limit = _silence_limit(state)
-
-    # 1. Lifecycle facts and dead workers.
     for w in state.workers:
         inst = instances.get((w.provider, w.instance_id)) if w.instance_id else None
-        reason = _death(w, inst, state, silence_limit)
-        if reason is not None:
-            dead[w.id] = reason
+        death = _death(w, inst, state, silence_limit)
+        if death is not None:
+            r.dead[w.id] = MarkDead(w.id, *death)
             continue
         if (
             w.state in _LIVE
@@ -311,226 +398,232 @@ def plan_fleet(state: FleetState) -> FleetPlan:
             and inst is not None
             and inst.state == "running"
         ):
-            booted.append(MarkBooted(w.id))
+            r.booted.append(MarkBooted(w.id))
         elif (
             w.state == WorkerState.BOOTING.value
             and not w.seen_starting
             and inst is not None
             and inst.state == "starting"
         ):
-            booted.append(MarkStarting(w.id))
+            r.booted.append(MarkStarting(w.id))
         elif w.state == WorkerState.DELETING.value or w.state == WorkerState.FAILED.value:
             # Teardown not confirmed yet (or a worker rejected at readiness): keep at it.
-            teardown.append(Delete(w.id, w.delete_reason or _short(w.error) or "failed"))
+            r.teardown.append(Delete(w.id, w.delete_reason or _short(w.error) or "failed"))
 
-    live_ids: set[str] = set()
-    current_eur = 0.0
-    for w in state.workers:
+
+def _count(r: _Round) -> None:
+    """What is live and what it costs; jobs per profile."""
+    for w in r.state.workers:
         if w.server_gone:
             pass  # its GPU is gone; what is left is storage, negligible against the budget
         elif w.state != WorkerState.FAILED.value or w.instance_id is not None:
-            current_eur += w.hourly_cost_eur  # billed until the provider confirms deletion
-        if w.state in _LIVE and w.id not in dead:
-            live_ids.add(w.id)
-            t = tally(w.profile)
+            r.current_eur += w.hourly_cost_eur  # billed until the provider confirms deletion
+        if w.state in _LIVE and w.id not in r.dead:
+            r.live_ids.add(w.id)
+            t = r.tally(w.profile)
             t.live += 1
             t.serving += w.state in _SERVING
             t.hourly_eur += w.hourly_cost_eur
             t.workers.append(w)
-
-    for c in state.job_counts:
-        t = tally(c.profile)
+    for c in r.state.job_counts:
+        t = r.tally(c.profile)
         t.dispatched += c.dispatched
         t.running += c.running
+    r.planned_eur = r.current_eur
 
-    # 2. Re-route jobs that lost their worker, whose profile has no live worker left, or whose
-    # message was lost.
+
+def _reroute(r: _Round) -> None:
+    """2. Re-route jobs that lost their worker, whose profile has no live worker left, or whose
+    message was lost."""
+    state = r.state
     depths = {p.name: p.queue_depth for p in state.profiles}
-    requeues: list[Requeue] = []
     for j in state.active_jobs:
         if j.profile is None:
             continue
-        t = tally(j.profile)
+        t = r.tally(j.profile)
         lost_worker = (
-            j.status == "running" and j.worker_id is not None and j.worker_id not in live_ids
+            j.status == "running" and j.worker_id is not None and j.worker_id not in r.live_ids
         )
         no_worker = t.serving == 0 and (j.status == "dispatched" or j.worker_id is None)
         lost_message = (
             j.status == "dispatched"
             and depths.get(j.profile) == 0
             and j.dispatched_at is not None
-            and state.now - j.dispatched_at > rules.lost_message_after
+            and state.now - j.dispatched_at > state.rules.lost_message_after
         )
         if not (lost_worker or no_worker or lost_message):
             continue
         if lost_worker:
-            reason = f"worker {j.worker_id} {dead.get(j.worker_id or '', 'is gone')}"
+            mark = r.dead.get(j.worker_id or "")
+            reason = f"worker {j.worker_id} {mark.reason if mark else 'is gone'}"
         elif no_worker:
             reason = f"profile {j.profile} has no live worker"
         else:
             reason = "its message is no longer on the queue"
-        requeues.append(Requeue(j.id, j.profile, reason))
+        r.requeues.append(Requeue(j.id, j.profile, reason))
         if j.status == "running":
             t.running = max(0, t.running - 1)
         else:
             t.dispatched = max(0, t.dispatched - 1)
 
-    # 3. Dispatch waiting jobs to free worker slots, in profile order. A worker runs one job at
-    # a time, so a profile takes as many jobs as it has live, idle workers not already promised
-    # a job; booting workers count, their jobs wait on the queue until they are ready.
-    # New work prefers the first profile that can take it: past a profile that could still get
-    # a worker, or one held after an error other than stock (its jobs wait for it, as for the
-    # walk below), a fallback's ready workers get no new job (an idle one is left to retire);
-    # only its workers still starting take the jobs they were created for, as they are paid.
-    waiting = state.queued + len(requeues)
-    pool = list(dict.fromkeys([r.job_id for r in requeues] + list(state.dispatchable)))
-    dispatches: list[Dispatch] = []
-    dispatch_left = rules.max_dispatch
-    spare_slots = 0
-    reached: set[str] = set()  # profiles whose ready workers may take new jobs this round
+
+def _dispatch(r: _Round) -> None:
+    """3. Dispatch waiting jobs to free worker slots, in profile order.
+
+    A worker runs one job at a time, so a profile takes as many jobs as it has live, idle
+    workers not already promised a job; booting workers count, their jobs wait on the queue
+    until they are ready. New work prefers the first profile that can take it: past a profile
+    that could still get a worker, or one held after an error other than stock (its jobs wait
+    for it, as for the walk in `_provision_waiting`), a fallback's ready workers get no new job
+    (an idle one is left to retire); only its workers still starting take the jobs they were
+    created for, as they are paid.
+    """
+    state = r.state
+    r.waiting = state.queued + len(r.requeues)
+    pool = list(dict.fromkeys([q.job_id for q in r.requeues] + list(state.dispatchable)))
+    dispatch_left = state.rules.max_dispatch
     preferred_open = False  # a profile before this one could still get a worker
-    for p in state.profiles:
-        t = tallies[p.name]
-        if not p.enabled:
-            continue
+    for p, t in r.enabled():
         free = sum(1 for w in t.workers if w.state in _SERVING and not w.busy) - t.dispatched
         if preferred_open:
             # Jobs already on its queue go to its ready workers first.
             booting = sum(1 for w in t.workers if w.state in _SERVING - {"ready"} and not w.busy)
             free = min(free, booting)
         else:
-            reached.add(p.name)
+            r.reached.add(p.name)
         n = max(0, min(free, len(pool), dispatch_left))
-        dispatches.extend(Dispatch(job_id, p.name) for job_id in pool[:n])
+        r.dispatches.extend(Dispatch(job_id, p.name) for job_id in pool[:n])
         del pool[:n]
         dispatch_left -= n
-        waiting -= n
+        r.waiting -= n
         t.dispatched += n
         # Slots left free only because this round offered no more ids: they take jobs next
         # round, so nobody provisions a worker for those jobs.
-        spare_slots += max(0, free - n)
+        r.spare_slots += max(0, free - n)
         preferred_open = (
             preferred_open
-            or _can_grow(p, t, current_eur, rules, now)
-            or _availability(p, now) == "held"
+            or _can_grow(p, t, r.current_eur, state.rules, state.now)
+            or _availability(p, state.now) == "held"
         )
-    waiting = max(0, waiting)
+    r.waiting = max(0, r.waiting)
 
-    # 4. Provision for what still waits: the first profile, in order, that can get a worker.
-    # Capacity reasons (disabled, no capacity, out-of-stock back-off, max_workers, budget) move
-    # on to the next profile; a profile held after another error stops the walk, because
-    # falling back there would hide the error behind a different machine type.
-    for p in state.profiles:
-        tallies[p.name].status = _availability(p, now)
-    held_back: list[str] = []
-    provisions: list[Provision] = []
-    planned_eur = current_eur
-    unmet = max(0, waiting - spare_slots)
-    provisions_left = rules.max_provisions
 
-    def add_workers(p: ProfileSnapshot, want: int) -> int:
-        """Up to `want` new workers on `p` within max_workers, budget and the round's limit."""
-        nonlocal planned_eur, provisions_left
-        t = tallies[p.name]
-        added = 0
-        while added < want and provisions_left > 0 and t.live + t.new < p.max_workers:
-            if planned_eur + p.hourly_cost_eur > rules.max_hourly_eur + _BUDGET_EPSILON:
-                held_back.append(
-                    f"{p.name}: budget of {rules.max_hourly_eur:.2f} EUR/h reached "
-                    f"(planned {planned_eur:.2f}, one more worker costs {p.hourly_cost_eur:.2f})"
-                )
-                break
-            provisions.append(Provision(p.name, p.hourly_cost_eur))
-            planned_eur += p.hourly_cost_eur
-            t.hourly_eur += p.hourly_cost_eur
-            t.new += 1
-            added += 1
-            provisions_left -= 1
-        if added < want and provisions_left == 0:
-            held_back.append(
-                f"at most {rules.max_provisions} new workers per round; more next round"
+def _add_workers(r: _Round, p: ProfileSnapshot, want: int) -> int:
+    """Up to `want` new workers on `p` within max_workers, budget and the round's limit."""
+    rules = r.state.rules
+    t = r.tallies[p.name]
+    added = 0
+    while added < want and r.provisions_left > 0 and t.live + t.new < p.max_workers:
+        if r.planned_eur + p.hourly_cost_eur > rules.max_hourly_eur + _BUDGET_EPSILON:
+            r.held_back.append(
+                f"{p.name}: budget of {rules.max_hourly_eur:.2f} EUR/h reached "
+                f"(planned {r.planned_eur:.2f}, one more worker costs {p.hourly_cost_eur:.2f})"
             )
-        return added
+            break
+        r.provisions.append(Provision(p.name, p.hourly_cost_eur))
+        r.planned_eur += p.hourly_cost_eur
+        t.hourly_eur += p.hourly_cost_eur
+        t.new += 1
+        added += 1
+        r.provisions_left -= 1
+    if added < want and r.provisions_left == 0:
+        r.held_back.append(f"at most {rules.max_provisions} new workers per round; more next round")
+    return added
 
-    # Jobs already on a profile's queue (the API dispatches at once to a warm profile) beyond
-    # its free workers need more workers of that same profile; they wait otherwise. A fallback
-    # grows only while every profile before it is unavailable for lack of capacity: once the
-    # preferred one can get a worker again, or while it is held after another error, the
-    # fallback's queue waits for the workers it has.
+
+def _grow_backlogs(r: _Round) -> None:
+    """4a. Workers for jobs already on a profile's queue beyond its free workers.
+
+    The API dispatches at once to a warm profile, and such jobs need more workers of that same
+    profile; they wait otherwise. A fallback grows only while every profile before it is
+    unavailable for lack of capacity: once the preferred one can get a worker again, or while
+    it is held after another error, the fallback's queue waits for the workers it has.
+    """
+    state = r.state
+    for p in state.profiles:
+        r.tallies[p.name].status = _availability(p, state.now)
     preferred: str | None = None  # an earlier profile that could still get a worker
     held: ProfileSnapshot | None = None  # an earlier profile held after a non-capacity error
     for p in state.profiles:
-        t = tallies[p.name]
+        t = r.tallies[p.name]
         free = sum(1 for w in t.workers if w.state in _SERVING and not w.busy)
         backlog = max(0, t.dispatched - free)
         if backlog and t.status == "ok":
             if preferred is None and held is None:
-                add_workers(p, min(backlog, p.max_workers - t.live))
+                _add_workers(r, p, min(backlog, p.max_workers - t.live))
             elif preferred is not None:
-                held_back.append(
+                r.held_back.append(
                     f"{p.name}: not grown for the {backlog} job(s) on its queue; "
                     f"{preferred} is preferred and available again"
                 )
             elif held is not None:
-                held_back.append(_held_reason(held))
-                held_back.append(
+                r.held_back.append(_held_reason(held))
+                r.held_back.append(
                     f"{p.name}: not grown for the {backlog} job(s) on its queue; "
                     f"{held.name} is held after an error, not falling back"
                 )
-        if preferred is None and p.enabled and _can_grow(p, t, planned_eur, rules, now):
+        if (
+            preferred is None
+            and p.enabled
+            and _can_grow(p, t, r.planned_eur, state.rules, state.now)
+        ):
             preferred = p.name
         if held is None and preferred is None and t.status == "held":
             held = p
 
-    for p in state.profiles:
-        if unmet == 0:
+
+# Why a profile gets no new worker in the walk, for the reasons that move on to the next one.
+_SKIPPED = {
+    "disabled": "{name}: disabled",
+    "no-capacity": "{name}: max_workers is 0",
+    "backoff": "{name}: out of stock, backing off until {until}",
+}
+
+
+def _provision_waiting(r: _Round) -> None:
+    """4b. Provision for what still waits: the first profile, in order, that can get a worker.
+
+    Capacity reasons (disabled, no capacity, out-of-stock back-off, max_workers, budget) move
+    on to the next profile; a profile held after another error stops the walk, because
+    falling back there would hide the error behind a different machine type.
+    """
+    r.unmet = max(0, r.waiting - r.spare_slots)
+    for p in r.state.profiles:
+        if r.unmet == 0:
             break
-        t = tallies[p.name]
-        if t.status == "disabled":
-            held_back.append(f"{p.name}: disabled")
-            continue
-        if t.status == "no-capacity":
-            held_back.append(f"{p.name}: max_workers is 0")
-            continue
-        if t.status == "backoff":
+        t = r.tallies[p.name]
+        if t.status in _SKIPPED:
             until = p.backoff_until.isoformat() if p.backoff_until else "?"
-            held_back.append(f"{p.name}: out of stock, backing off until {until}")
+            r.held_back.append(_SKIPPED[t.status].format(name=p.name, until=until))
             continue
         if t.status == "held":
-            held_back.append(_held_reason(p))
+            r.held_back.append(_held_reason(p))
             break
         room = p.max_workers - t.live - t.new
         if room <= 0:
-            held_back.append(f"{p.name}: at max_workers ({p.max_workers})")
+            r.held_back.append(f"{p.name}: at max_workers ({p.max_workers})")
             continue
-        added = add_workers(p, min(room, unmet))
-        unmet -= added
-        if provisions_left == 0 and unmet > 0:
+        added = _add_workers(r, p, min(room, r.unmet))
+        r.unmet -= added
+        if r.provisions_left == 0 and r.unmet > 0:
             break
-        if unmet > 0 and added == room:
-            held_back.append(f"{p.name}: at max_workers ({p.max_workers})")
-    if unmet > 0:
-        held_back.append(f"{unmet} job(s) waiting with no worker slot")
+        if r.unmet > 0 and added == room:
+            r.held_back.append(f"{p.name}: at max_workers ({p.max_workers})")
+    if r.unmet > 0:
+        r.held_back.append(f"{r.unmet} job(s) waiting with no worker slot")
 
-    # 5. Tear down free workers that are drained, idle too long, or serve a profile that is
-    # disabled or gone, keeping enough of them to take the jobs already on their queue.
-    # A booting worker costs as much as a ready one: once nothing waits for it (its job was
-    # cancelled, other workers took the work) it is retired now, not at the boot timeout.
-    for name, t in tallies.items():
-        prof = profiles.get(name)
+
+def _retire(r: _Round) -> None:
+    """5. Tear down free workers that are drained, idle too long, or serve a profile that is
+    disabled or gone, keeping enough of them to take the jobs already on their queue.
+
+    A booting worker costs as much as a ready one: once nothing waits for it (its job was
+    cancelled, other workers took the work) it is retired now, not at the boot timeout.
+    """
+    for name, t in r.tallies.items():
+        prof = r.profiles.get(name)
         usable = prof is not None and prof.enabled
-        free_ready_count = sum(1 for w in t.workers if w.state == "ready" and not w.busy)
-        booting_free = sorted(
-            (w for w in t.workers if w.state == WorkerState.BOOTING.value and not w.busy),
-            key=lambda w: (w.requested_at, w.id),  # keep the oldest: nearest to ready
-        )
-        # While jobs wait unassigned, a free booting worker takes one next round (keep it);
-        # a disabled profile's worker gets none of them.
-        wanted = max(0, t.dispatched - free_ready_count) if waiting == 0 or not usable else None
-        if wanted is not None and len(booting_free) > wanted:
-            retired = {w.id for w in booting_free[wanted:]}
-            teardown.extend(Delete(w.id, NOT_NEEDED) for w in booting_free[wanted:])
-            t.workers = [w for w in t.workers if w.id not in retired]
+        _retire_unneeded_boots(r, t, usable)
         starting_free = sum(
             1 for w in t.workers if w.state in _SERVING and w.state != "ready" and not w.busy
         )
@@ -542,22 +635,44 @@ def plan_fleet(state: FleetState) -> FleetPlan:
         )
         for w in free_ready:
             if w.state == WorkerState.DRAINING.value:
-                teardown.append(Delete(w.id, "drained"))
+                r.teardown.append(Delete(w.id, "drained"))
                 continue
             if need > 0:
                 need -= 1
                 continue
             if not usable:
-                teardown.append(
+                r.teardown.append(
                     Delete(w.id, "profile disabled" if prof is not None else "profile removed")
                 )
-            elif (waiting == 0 or name not in reached) and now - _idle_ref(w) >= rules.idle_timeout:
-                teardown.append(Delete(w.id, "idle"))
+            elif (r.waiting == 0 or name not in r.reached) and (
+                r.state.now - _idle_ref(w) >= r.state.rules.idle_timeout
+            ):
+                r.teardown.append(Delete(w.id, "idle"))
 
-    # 6. Instances nobody owns: unknown worker, or a worker that no longer claims them.
+
+def _retire_unneeded_boots(r: _Round, t: _Tally, usable: bool) -> None:
+    """Free booting workers beyond the jobs on their queue go (the oldest, nearest to ready,
+    stay). While jobs wait unassigned a free booting worker takes one next round, so all stay;
+    a disabled profile's worker gets none of them."""
+    free_ready_count = sum(1 for w in t.workers if w.state == "ready" and not w.busy)
+    booting_free = sorted(
+        (w for w in t.workers if w.state == WorkerState.BOOTING.value and not w.busy),
+        key=lambda w: (w.requested_at, w.id),
+    )
+    if r.waiting != 0 and usable:
+        return
+    wanted = max(0, t.dispatched - free_ready_count)
+    if len(booting_free) > wanted:
+        retired = {w.id for w in booting_free[wanted:]}
+        r.teardown.extend(Delete(w.id, NOT_NEEDED) for w in booting_free[wanted:])
+        t.workers = [w for w in t.workers if w.id not in retired]
+
+
+def _orphans(state: FleetState) -> list[Action]:
+    """6. Instances nobody owns: unknown worker, or a worker that no longer claims them."""
     owned = {(w.provider, w.instance_id) for w in state.workers if w.instance_id}
     starting = {w.id for w in state.workers if w.state in _STARTING and w.instance_id is None}
-    orphans: list[Action] = [
+    return [
         DeleteOrphan(i.provider, i.instance_id, i.worker_id, i.profile)
         for i in state.inventory
         if i.provider in state.inventory_known
@@ -565,24 +680,18 @@ def plan_fleet(state: FleetState) -> FleetPlan:
         and i.worker_id not in starting
     ]
 
-    marks: list[Action] = [
-        MarkDead(
-            wid,
-            reason,
-            capacity=reason.startswith(STOPPED_BEFORE_BOOT),
-            failed_boot=reason.startswith((BOOT_TIMEOUT, RUNTIME_REJECTED)),
-        )
-        for wid, reason in dead.items()
-    ]
-    deaths: list[Action] = [Delete(wid, _short(reason) or "dead") for wid, reason in dead.items()]
+
+def _finish(r: _Round, orphans: list[Action]) -> FleetPlan:
+    """The actions in the order apply must run them, and the per-profile summary."""
+    deaths = [Delete(wid, _short(mark.reason) or "dead") for wid, mark in r.dead.items()]
     actions: tuple[Action, ...] = (
-        *booted,
-        *marks,
-        *requeues,
-        *dispatches,
-        *provisions,
+        *r.booted,
+        *r.dead.values(),
+        *r.requeues,
+        *r.dispatches,
+        *r.provisions,
         *deaths,
-        *teardown,
+        *r.teardown,
         *orphans,
     )
     summaries = tuple(
@@ -595,16 +704,16 @@ def plan_fleet(state: FleetState) -> FleetPlan:
             dispatched=t.dispatched,
             running=t.running,
         )
-        for name, t in tallies.items()
+        for name, t in r.tallies.items()
     )
     return FleetPlan(
-        now=now,
+        now=r.state.now,
         actions=actions,
-        held_back=tuple(dict.fromkeys(held_back)),
+        held_back=tuple(dict.fromkeys(r.held_back)),
         profiles=summaries,
-        current_hourly_eur=round(current_eur, 6),
-        planned_hourly_eur=round(planned_eur, 6),
-        waiting=unmet,
+        current_hourly_eur=round(r.current_eur, 6),
+        planned_hourly_eur=round(r.planned_eur, 6),
+        waiting=r.unmet,
     )
 
 
@@ -680,23 +789,23 @@ def _death(
     inst: InstanceSnapshot | None,
     state: FleetState,
     silence_limit: timedelta | None,
-) -> str | None:
+) -> tuple[Death, str] | None:
     """Why a live worker must be declared dead (and its jobs re-routed), or None."""
     now, rules = state.now, state.rules
-    if w.state == WorkerState.FAILED.value and (w.error or "").startswith(RUNTIME_REJECTED):
+    if w.state == WorkerState.FAILED.value and Death.of(w.error) is Death.RUNTIME_REJECTED:
         # Refused at readiness and not counted yet (counting moves it to DELETING).
-        return w.error
+        return Death.RUNTIME_REJECTED, w.error or Death.RUNTIME_REJECTED.value
     if w.state in _STARTING:
         age = _age(now, w.requested_at)
         if age is not None and age > rules.create_timeout:
-            return f"provisioning interrupted: still {w.state} after {_fmt(age)}"
+            return _died(Death.PROVISIONING_INTERRUPTED, f"still {w.state} after {_fmt(age)}")
         return None
     if w.state not in _LIVE:
         return None
     if w.instance_id is not None and w.provider in state.inventory_known and inst is None:
-        return "instance gone: the provider no longer lists it"
+        return _died(Death.INSTANCE_GONE, "the provider no longer lists it")
     if inst is not None and inst.state in STOPPED_STATES and w.booted_at is not None:
-        return f"instance stopped: the provider reports it {inst.state}"
+        return _died(Death.INSTANCE_STOPPED, f"the provider reports it {inst.state}")
     if (
         inst is not None
         and inst.state in STOPPED_STATES
@@ -708,15 +817,19 @@ def _death(
         # when the provider says so, or after it was seen starting: right after an accepted
         # power-on a read may still show `stopped`, and that server is on its way up.
         said = f"{inst.state}, {inst.detail}" if inst.detail else inst.state
-        return f"{STOPPED_BEFORE_BOOT}: the provider stopped it before it booted ({said})"
+        return _died(Death.OUT_OF_STOCK, f"the provider stopped it before it booted ({said})")
     if w.state == WorkerState.BOOTING.value:
         age = _age(now, w.requested_at)
         if age is not None and age > rules.boot_timeout:
             seen = f" (the provider reports it {inst.state})" if inst is not None else ""
-            return f"{BOOT_TIMEOUT}: not ready {_fmt(age)} after it was requested{seen}"
+            return _died(Death.BOOT_TIMEOUT, f"not ready {_fmt(age)} after it was requested{seen}")
         return None
     if silence_limit is not None:
         silent = now - _last_heard(w, state)
         if silent > silence_limit:
-            return f"no heartbeat: silent for {_fmt(silent)}"
+            return _died(Death.NO_HEARTBEAT, f"silent for {_fmt(silent)}")
     return None
+
+
+def _died(death: Death, detail: str) -> tuple[Death, str]:
+    return death, death.because(detail)

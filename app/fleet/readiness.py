@@ -2,7 +2,7 @@
 
 `runtime_mismatches` is pure; `mark_ready` and `reject` only change the worker row inside the
 caller's session. A rejected worker is left FAILED with the reasons in `error`; the next
-reconcile counts it as a failed boot of its profile (app.fleet.planner, RUNTIME_REJECTED),
+reconcile counts it as a failed boot of its profile (app.fleet.planner.Death.RUNTIME_REJECTED),
 deletes its instance and records why.
 """
 
@@ -15,6 +15,7 @@ from sqlalchemy import update
 
 from app.config import Profile
 from app.fleet.catalog import SERVER_TYPES, supported_compute_types
+from app.fleet.planner import Death
 from app.models import ProfileState, Worker, WorkerState
 
 # The runtime fields that must equal the profile's (docs/worker-protocol.md, "Runtime").
@@ -117,8 +118,8 @@ def mark_ready(session: Any, worker: Worker, runtime: dict[str, Any], now: datet
 def reject(session: Any, worker: Worker, problems: list[str], now: datetime) -> None:
     """Refuse the worker: FAILED with the reasons; the next reconcile deletes its instance."""
     worker.state = WorkerState.FAILED.value
-    worker.error = "runtime rejected: " + "; ".join(problems)
-    worker.delete_reason = "runtime rejected"
+    worker.error = Death.RUNTIME_REJECTED.because("; ".join(problems))
+    worker.delete_reason = Death.RUNTIME_REJECTED.value
     worker.last_seen_at = now
     if worker.delete_requested_at is None:
         worker.delete_requested_at = now

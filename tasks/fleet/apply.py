@@ -25,6 +25,8 @@ from app.db import rows_changed
 from app.fleet.cloudinit import worker_environment
 from app.fleet.planner import (
     NOT_NEEDED,
+    Action,
+    Death,
     Delete,
     DeleteOrphan,
     Dispatch,
@@ -55,44 +57,17 @@ from tasks.fleet.services import FleetServices
 from tasks.fleet.snapshot import Snapshot
 from tasks.providers.base import (
     Instance,
-    InvalidArgument,
     OutOfStock,
-    PermissionDenied,
     ProviderError,
-    ProviderTimeout,
-    ProviderUnavailable,
-    QuotaExceeded,
     Teardown,
 )
 
 log = logging.getLogger("murmur.fleet")
 
-# How each provider error is counted in murmur_provision_attempts_total (app.observability).
-_OUTCOMES: tuple[tuple[type[ProviderError], str], ...] = (
-    (OutOfStock, "out_of_stock"),
-    (QuotaExceeded, "quota_exceeded"),
-    (PermissionDenied, "permission_denied"),
-    (InvalidArgument, "invalid_argument"),
-    (ProviderUnavailable, "provider_unavailable"),
-    (ProviderTimeout, "timeout"),
-)
-# Teardowns after which an operator may still want the worker's last log lines.
-_DEATHS = (
-    "no heartbeat",
-    "instance gone",
-    "instance stopped",
-    "boot timeout",
-    "provisioning interrupted",
-    "runtime rejected",
-)
-
 
 def _count_attempt(svc: FleetServices, profile: str, error: ProviderError | None) -> None:
-    outcome = "succeeded" if error is None else "error"
-    for kind, name in _OUTCOMES:
-        if isinstance(error, kind):
-            outcome = name
-            break
+    """One attempt in murmur_provision_attempts_total, by the error's own outcome."""
+    outcome = "succeeded" if error is None else error.outcome
     try:
         record_provision_attempt(svc.redis, profile, outcome)
     except redis.RedisError as exc:  # metrics never stop the fleet
@@ -101,7 +76,8 @@ def _count_attempt(svc: FleetServices, profile: str, error: ProviderError | None
 
 def _forget(svc: FleetServices, worker_id: str, reason: str) -> None:
     try:
-        forget_worker(svc.redis, worker_id, keep_log=reason.startswith(_DEATHS))
+        death = Death.of(reason)  # after a death an operator may still want its last log lines
+        forget_worker(svc.redis, worker_id, keep_log=death is not None and death.keeps_log)
     except redis.RedisError as exc:
         log.warning("fleet: cannot drop worker %s's reports: %s", worker_id, type(exc).__name__)
 
@@ -130,73 +106,105 @@ def apply_plan(
     `torn_down`: workers whose teardown the run already advanced (filled in here); a re-plan
     in the same run skips them, as a server not gone yet is only confirmed a round later.
     """
-    out = Outcome()
-    torn_down = set() if torn_down is None else torn_down
-    provisioning_stopped = False
-    held_now: set[str] = set()
-    # Re-routed jobs whose old message is still on their old profile's queue. Withdrawn before
-    # the next other action, so before any of them is dispatched again.
-    withdraw: dict[str, list[str]] = {}
-    planned = {p.name: p.dispatched for p in plan.profiles}  # jobs left on each queue
+    run = _Applying(svc, snapshot, torn_down if torn_down is not None else set())
+    run.planned = {p.name: p.dispatched for p in plan.profiles}  # jobs left on each queue
     try:
         for action in plan.actions:
             keep_lock()
-            if withdraw and not isinstance(action, Requeue):
-                _withdraw(svc, withdraw)
-            if isinstance(action, MarkBooted):
-                _mark_booted(svc, action.worker_id)
-            elif isinstance(action, MarkStarting):
-                _mark_starting(svc, action.worker_id)
-            elif isinstance(action, MarkDead):
-                stopped = _mark_dead(svc, action)
-                if stopped is not None and action.capacity:
-                    out.stocked_out.append(stopped)
-                    provisioning_stopped = True  # re-plan: the next profile gets this demand
-                elif stopped is not None:
-                    held_now.add(stopped)  # held after failed boots: not in this round either
-            elif isinstance(action, Requeue):
-                if requeue_job(svc.db, action.job_id, action.from_profile):
-                    withdraw.setdefault(action.from_profile, []).append(action.job_id)
-                    out.requeued += 1
-                    log.info("fleet: re-route job %s: %s", action.job_id, action.reason)
-            elif isinstance(action, Dispatch):
-                if dispatch_job(svc.db, svc.celery, action.job_id, action.profile):
-                    out.dispatched[action.profile] += 1
-            elif isinstance(action, Provision):
-                if provisioning_stopped or action.profile in held_now:
-                    continue
-                result = _provision(svc, action)
-                if isinstance(result, OutOfStock):
-                    out.stocked_out.append(action.profile)
-                    provisioning_stopped = True  # re-plan: the next profile gets this demand
-                elif isinstance(result, ProviderError):
-                    out.errors.append(f"{action.profile}: {result.reason}")
-                    provisioning_stopped = True  # no fallback on errors other than stock
-                else:
-                    out.provisioned.append(result)
-            elif isinstance(action, Delete):
-                if action.worker_id in torn_down:
-                    continue
-                torn_down.add(action.worker_id)
-                if _teardown(svc, action.worker_id, action.reason, planned):
-                    out.deleted.append(action.worker_id)
-            elif isinstance(action, DeleteOrphan):
-                worker_id = _adopt_orphan(
-                    svc, action, snapshot.instances.get((action.provider, action.instance_id))
-                )
-                if worker_id in torn_down:
-                    continue
-                torn_down.add(worker_id)
-                if _teardown(svc, worker_id, "orphan"):
-                    out.deleted.append(worker_id)
+            if run.withdraw and not isinstance(action, Requeue):
+                _withdraw(svc, run.withdraw)
+            _HANDLERS[type(action)](run, action)
     finally:
         # Also when the lease is lost (or anything else stops the run) right after a
         # re-route: the job is queued again, so its old message must not stay behind.
-        if withdraw:
-            _withdraw(svc, withdraw)
-    for profile, n in sorted(out.dispatched.items()):
+        if run.withdraw:
+            _withdraw(svc, run.withdraw)
+    for profile, n in sorted(run.out.dispatched.items()):
         log.info("fleet: dispatched %d job(s) to %s", n, profile)
-    return out
+    return run.out
+
+
+@dataclass
+class _Applying:
+    """One `apply_plan` run: what it did so far and what stops its later actions."""
+
+    svc: FleetServices
+    snapshot: Snapshot
+    torn_down: set[str]
+    out: Outcome = field(default_factory=Outcome)
+    # Set by a stock-out (re-plan: the next profile gets this demand) or another provider
+    # error (no fallback): no more provisioning this run.
+    provisioning_stopped: bool = False
+    held_now: set[str] = field(default_factory=set)  # held after failed boots, this round
+    # Re-routed jobs whose old message is still on their old profile's queue. Withdrawn before
+    # the next other action, so before any of them is dispatched again.
+    withdraw: dict[str, list[str]] = field(default_factory=dict)
+    planned: dict[str, int] = field(default_factory=dict)
+
+    def mark_booted(self, action: MarkBooted) -> None:
+        _mark_booted(self.svc, action.worker_id)
+
+    def mark_starting(self, action: MarkStarting) -> None:
+        _mark_starting(self.svc, action.worker_id)
+
+    def mark_dead(self, action: MarkDead) -> None:
+        stopped = _mark_dead(self.svc, action)
+        if stopped is not None and action.capacity:
+            self.out.stocked_out.append(stopped)
+            self.provisioning_stopped = True
+        elif stopped is not None:
+            self.held_now.add(stopped)
+
+    def requeue(self, action: Requeue) -> None:
+        if requeue_job(self.svc.db, action.job_id, action.from_profile):
+            self.withdraw.setdefault(action.from_profile, []).append(action.job_id)
+            self.out.requeued += 1
+            log.info("fleet: re-route job %s: %s", action.job_id, action.reason)
+
+    def dispatch(self, action: Dispatch) -> None:
+        if dispatch_job(self.svc.db, self.svc.celery, action.job_id, action.profile):
+            self.out.dispatched[action.profile] += 1
+
+    def provision(self, action: Provision) -> None:
+        if self.provisioning_stopped or action.profile in self.held_now:
+            return
+        result = _provision(self.svc, action)
+        if isinstance(result, str):
+            self.out.provisioned.append(result)
+            return
+        self.provisioning_stopped = True
+        if result.allows_fallback:
+            self.out.stocked_out.append(action.profile)
+        else:
+            self.out.errors.append(f"{action.profile}: {result.reason}")
+
+    def delete(self, action: Delete) -> None:
+        if action.worker_id in self.torn_down:
+            return
+        self.torn_down.add(action.worker_id)
+        if _teardown(self.svc, action.worker_id, action.reason, self.planned):
+            self.out.deleted.append(action.worker_id)
+
+    def delete_orphan(self, action: DeleteOrphan) -> None:
+        instance = self.snapshot.instances.get((action.provider, action.instance_id))
+        worker_id = _adopt_orphan(self.svc, action, instance)
+        if worker_id in self.torn_down:
+            return
+        self.torn_down.add(worker_id)
+        if _teardown(self.svc, worker_id, "orphan"):
+            self.out.deleted.append(worker_id)
+
+
+_HANDLERS: dict[type[Action], Callable[[_Applying, Any], None]] = {
+    MarkBooted: _Applying.mark_booted,
+    MarkStarting: _Applying.mark_starting,
+    MarkDead: _Applying.mark_dead,
+    Requeue: _Applying.requeue,
+    Dispatch: _Applying.dispatch,
+    Provision: _Applying.provision,
+    Delete: _Applying.delete,
+    DeleteOrphan: _Applying.delete_orphan,
+}
 
 
 def _withdraw(svc: FleetServices, jobs_by_profile: dict[str, list[str]]) -> None:
@@ -254,7 +262,7 @@ def _mark_dead(svc: FleetServices, action: MarkDead) -> str | None:
             .values(
                 state=WorkerState.DELETING.value,
                 error=action.reason,
-                delete_reason=action.reason.split(":", 1)[0][:64],
+                delete_reason=action.death.value,
                 delete_requested_at=func.coalesce(Worker.delete_requested_at, now),
             ),
         )
@@ -386,7 +394,7 @@ def _provision(svc: FleetServices, action: Provision) -> str | ProviderError:
         if exc.instance_id is None:  # nothing left that could use it
             broker_users.retire_user(svc, worker_id)
         _count_attempt(svc, profile.name, exc)
-        if isinstance(exc, OutOfStock):
+        if exc.allows_fallback:
             _stocked_out(svc, profile, exc)
         else:
             _hold(svc, profile, exc)
@@ -439,7 +447,8 @@ def _creation_failed(svc: FleetServices, worker_id: str, exc: ProviderError) -> 
         if row is None:
             return
         row.error = exc.reason
-        row.delete_reason = "out of stock" if isinstance(exc, OutOfStock) else "provisioning failed"
+        stock = exc.allows_fallback
+        row.delete_reason = Death.OUT_OF_STOCK.value if stock else "provisioning failed"
         row.delete_requested_at = now
         if exc.instance_id is not None:
             # Something was created and could not be removed yet: the next rounds finish it.

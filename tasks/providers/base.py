@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from app.config import Profile
 
@@ -63,9 +63,16 @@ class Teardown:
 
 
 class ProviderError(Exception):
-    """A provider call failed; `reason` is safe to show to operators."""
+    """A provider call failed; `reason` is safe to show to operators.
 
-    capacity = False  # True only for out-of-stock: the one error that moves to another profile
+    Each kind says how the fleet counts it (`outcome`, one of
+    app.observability.PROVISION_OUTCOMES) and whether it moves demand on to the next profile
+    (`allows_fallback`: only out-of-stock does; any other error holds the profile instead,
+    docs/fleet.md "Fallback happens on capacity only").
+    """
+
+    outcome: ClassVar[str] = "error"
+    allows_fallback: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -87,27 +94,30 @@ class ProviderError(Exception):
 
 
 class OutOfStock(ProviderError):
-    capacity = True
+    outcome = "out_of_stock"
+    allows_fallback = True
 
 
 class QuotaExceeded(ProviderError):
-    pass
+    outcome = "quota_exceeded"
 
 
 class PermissionDenied(ProviderError):
-    pass
+    outcome = "permission_denied"
 
 
 class InvalidArgument(ProviderError):
-    pass
+    outcome = "invalid_argument"
 
 
 class ProviderUnavailable(ProviderError):
     """5xx, unreadable answers, connection failures."""
 
+    outcome = "provider_unavailable"
+
 
 class ProviderTimeout(ProviderError):
-    pass
+    outcome = "timeout"
 
 
 class Provider(Protocol):

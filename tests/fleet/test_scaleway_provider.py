@@ -10,6 +10,7 @@ import pytest
 
 from app.config import Profile, Settings
 from app.fleet.cloudinit import USER_DATA_LIMIT_BYTES, render_user_data, worker_environment
+from app.observability import PROVISION_OUTCOMES
 from tasks.providers.base import (
     InvalidArgument,
     OutOfStock,
@@ -81,9 +82,21 @@ def test_create_errors_are_typed(
     assert emulator.inventory() == {"servers": 0, "ips": 0, "volumes": 0}
 
 
-def test_only_out_of_stock_is_a_capacity_error() -> None:
-    assert OutOfStock("x").capacity
-    assert not any(e("x").capacity for _, e in ERRORS if e is not OutOfStock)
+def test_only_out_of_stock_allows_fallback() -> None:
+    assert OutOfStock("x").allows_fallback
+    assert not any(e("x").allows_fallback for _, e in ERRORS if e is not OutOfStock)
+
+
+def test_every_provider_error_is_counted_under_its_own_outcome() -> None:
+    """The metric's label set is the errors' own outcomes: none shared, none missing."""
+    everything = ProviderError.__subclasses__()
+    assert {e.outcome for e in everything} <= set(PROVISION_OUTCOMES)
+    # The public taxonomy (internal helpers such as a 404 while reading back count as "error").
+    kinds = [e for e in everything if e.__module__ == ProviderError.__module__]
+    assert {e for _, e in ERRORS} <= set(kinds)
+    outcomes = [e.outcome for e in kinds]
+    assert len(set(outcomes)) == len(kinds)
+    assert set(outcomes) | {"succeeded", ProviderError.outcome} == set(PROVISION_OUTCOMES)
 
 
 def test_wrong_secret_is_permission_denied(emulator: InstanceEmulator, settings: Settings) -> None:
