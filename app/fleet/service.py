@@ -13,7 +13,7 @@ from typing import Any
 import redis
 from sqlalchemy import func, or_, select
 
-from app.config import Settings
+from app.config import Profile, Settings
 from app.db import Database
 from app.models import (
     LIVE_WORKER_STATES,
@@ -120,46 +120,12 @@ def fleet_overview(
         jobs.setdefault(profile or "", {})[status] = int(count)
     depths = queue_depths(client, names)
     plan = read_plan(client)
-    planned_profiles: dict[str, Any] = (plan or {}).get("profiles", {})
+    planned: dict[str, Any] = (plan or {}).get("profiles", {})
 
-    profiles = []
-    for p in settings.profiles:
-        st = learned.get(p.name)
-        mine = [w for w in workers if w.profile == p.name]
-        by_state: dict[str, int] = {}
-        for w in mine:
-            if w.deleted_at is None:
-                by_state[w.state] = by_state.get(w.state, 0) + 1
-        current = sum(w.hourly_cost_eur for w in mine if _billed(w))
-        backoff = _utc(st.backoff_until) if st else None
-        retry = _utc(st.retry_at) if st else None
-        profiles.append(
-            {
-                "name": p.name,
-                "provider": p.provider,
-                "zone": p.zone,
-                "server_type": p.server_type,
-                "enabled": p.enabled,
-                "max_workers": p.max_workers,
-                "hourly_cost_eur": p.hourly_cost_eur,
-                "backoff_until": _iso(backoff) if backoff and backoff > now else None,
-                "consecutive_stockouts": st.consecutive_stockouts if st else 0,
-                # Workers in a row that never became ready (held at fleet.max_failed_boots).
-                "consecutive_failed_boots": st.consecutive_failed_boots or 0 if st else 0,
-                "retry_at": _iso(retry) if retry and retry > now else None,
-                "availability": st.availability if st else None,
-                "last_error": st.last_error if st else None,
-                "last_error_at": _iso(st.last_error_at) if st else None,
-                "workers": by_state,
-                "queue_depth": depths.get(p.name),
-                "jobs": {
-                    "dispatched": jobs.get(p.name, {}).get(JobStatus.DISPATCHED.value, 0),
-                    "running": jobs.get(p.name, {}).get(JobStatus.RUNNING.value, 0),
-                },
-                "current_hourly_eur": round(current, 4),
-                "planned_hourly_eur": planned_profiles.get(p.name, {}).get("hourly_eur"),
-            }
-        )
+    profiles = [
+        _profile(p, learned.get(p.name), workers, jobs.get(p.name, {}), depths, planned, now)
+        for p in settings.profiles
+    ]
 
     current_total = sum(w.hourly_cost_eur for w in workers if _billed(w))
     return {
@@ -183,6 +149,51 @@ def fleet_overview(
         ),
         "profiles": profiles,
         "workers": [_worker(w, now) for w in workers],
+    }
+
+
+def _profile(
+    p: Profile,
+    st: ProfileState | None,
+    workers: list[Worker],
+    jobs: dict[str, int],
+    depths: dict[str, int | None],
+    planned: dict[str, Any],
+    now: datetime,
+) -> dict[str, Any]:
+    """One profile's entry: its settings, what the fleet learned, its workers and jobs."""
+    mine = [w for w in workers if w.profile == p.name]
+    by_state: dict[str, int] = {}
+    for w in mine:
+        if w.deleted_at is None:
+            by_state[w.state] = by_state.get(w.state, 0) + 1
+    current = sum(w.hourly_cost_eur for w in mine if _billed(w))
+    backoff = _utc(st.backoff_until) if st else None
+    retry = _utc(st.retry_at) if st else None
+    return {
+        "name": p.name,
+        "provider": p.provider,
+        "zone": p.zone,
+        "server_type": p.server_type,
+        "enabled": p.enabled,
+        "max_workers": p.max_workers,
+        "hourly_cost_eur": p.hourly_cost_eur,
+        "backoff_until": _iso(backoff) if backoff and backoff > now else None,
+        "consecutive_stockouts": st.consecutive_stockouts if st else 0,
+        # Workers in a row that never became ready (held at fleet.max_failed_boots).
+        "consecutive_failed_boots": st.consecutive_failed_boots or 0 if st else 0,
+        "retry_at": _iso(retry) if retry and retry > now else None,
+        "availability": st.availability if st else None,
+        "last_error": st.last_error if st else None,
+        "last_error_at": _iso(st.last_error_at) if st else None,
+        "workers": by_state,
+        "queue_depth": depths.get(p.name),
+        "jobs": {
+            "dispatched": jobs.get(JobStatus.DISPATCHED.value, 0),
+            "running": jobs.get(JobStatus.RUNNING.value, 0),
+        },
+        "current_hourly_eur": round(current, 4),
+        "planned_hourly_eur": planned.get(p.name, {}).get("hourly_eur"),
     }
 
 

@@ -11,11 +11,13 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import Row, func, select
 
 from app.fleet.planner import (
     ActiveJob,
+    FleetRules,
     FleetState,
     InstanceSnapshot,
     JobCounts,
@@ -69,15 +71,67 @@ def read_snapshot(
     svc: FleetServices, now: datetime, listening_since: datetime | None = None
 ) -> Snapshot:
     """Everything the planner needs, read now; `listening_since` comes from the reconcile."""
-    settings = svc.settings
     rules = svc.rules()
+    db = _read_rows(svc, rules)
+    instances, known = _inventory(svc, db.workers)
+    state = FleetState(
+        now=now,
+        rules=rules,
+        listening_since=listening_since,
+        profiles=_profile_snapshots(svc, db.learned),
+        workers=_worker_snapshots(svc, db),
+        inventory=tuple(
+            InstanceSnapshot(
+                provider=prov,
+                instance_id=i.instance_id,
+                state=i.state,
+                worker_id=i.worker_id,
+                profile=i.profile,
+                detail=i.detail,
+            )
+            for (prov, _), i in sorted(instances.items())
+        ),
+        inventory_known=frozenset(known),
+        queued=db.queued,
+        oldest_queued_at=as_utc(db.oldest_queued_at),
+        dispatchable=db.dispatchable,
+        job_counts=_job_counts(db.counts),
+        active_jobs=tuple(
+            ActiveJob(
+                id=a.id,
+                profile=a.profile,
+                status=a.status,
+                worker_id=a.worker_id,
+                dispatched_at=as_utc(a.dispatched_at),
+            )
+            for a in db.active
+        ),
+    )
+    return Snapshot(state=state, instances=instances)
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """What the database says, read in one session."""
+
+    learned: dict[str, ProfileState]
+    workers: list[Worker]
+    counts: Sequence[Row[str | None, str, int]]
+    queued: int
+    oldest_queued_at: datetime | None
+    dispatchable: tuple[str, ...]
+    active: Sequence[Any]  # rows of (id, profile, status, worker_id, dispatched_at)
+
+
+def _read_rows(svc: FleetServices, rules: FleetRules) -> _Rows:
+    active_states = [JobStatus.DISPATCHED.value, JobStatus.RUNNING.value]
     queued_ready = (Job.status == JobStatus.QUEUED.value) & Job.audio_key.is_not(None)
     with svc.db.session() as s:
         learned = {r.name: r for r in s.scalars(select(ProfileState))}
         rows = list(s.scalars(select(Worker).where(Worker.deleted_at.is_(None))))
         counts = s.execute(
             select(Job.profile, Job.status, func.count())
-            .where(Job.status.in_([JobStatus.DISPATCHED.value, JobStatus.RUNNING.value]))
+            .where(Job.status.in_(active_states))
             .group_by(Job.profile, Job.status)
         ).all()
         queued, oldest = s.execute(
@@ -100,17 +154,19 @@ def read_snapshot(
         )
         active = s.execute(
             select(Job.id, Job.profile, Job.status, Job.worker_id, Job.dispatched_at)
-            .where(Job.status.in_([JobStatus.DISPATCHED.value, JobStatus.RUNNING.value]))
+            .where(Job.status.in_(active_states))
             .order_by(Job.dispatched_at, Job.id)
             .limit(MAX_ACTIVE_JOBS)
         ).all()
+    return _Rows(learned, rows, counts, int(queued or 0), oldest, tuple(dispatchable), active)
 
-    running_on = {
-        a.worker_id for a in active if a.status == JobStatus.RUNNING.value and a.worker_id
-    }
-    depths = queue_depths(svc.redis, [p.name for p in settings.profiles])
-    reported = last_reports(svc.redis, [w.id for w in rows])
-    profiles = tuple(
+
+def _profile_snapshots(
+    svc: FleetServices, learned: dict[str, ProfileState]
+) -> tuple[ProfileSnapshot, ...]:
+    profiles = svc.settings.profiles
+    depths = queue_depths(svc.redis, [p.name for p in profiles])
+    return tuple(
         ProfileSnapshot(
             name=p.name,
             provider=p.provider,
@@ -122,9 +178,16 @@ def read_snapshot(
             last_error=learned[p.name].last_error if p.name in learned else None,
             queue_depth=depths.get(p.name),
         )
-        for p in settings.profiles
+        for p in profiles
     )
-    workers = tuple(
+
+
+def _worker_snapshots(svc: FleetServices, db: _Rows) -> tuple[WorkerSnapshot, ...]:
+    running_on = {
+        a.worker_id for a in db.active if a.status == JobStatus.RUNNING.value and a.worker_id
+    }
+    reported = last_reports(svc.redis, [w.id for w in db.workers])
+    return tuple(
         WorkerSnapshot(
             id=w.id,
             profile=w.profile,
@@ -144,12 +207,17 @@ def read_snapshot(
             server_gone=server_gone(w.resources),
             seen_starting=bool((w.resources or {}).get(SEEN_STARTING_AT)),
         )
-        for w in rows
+        for w in db.workers
     )
 
-    # Inventory of every provider in use, in every zone a profile or a worker lives in.
+
+def _inventory(
+    svc: FleetServices, rows: list[Worker]
+) -> tuple[dict[tuple[str, str], Instance], set[str]]:
+    """Every provider's instances, in every zone a profile or a worker lives in; and the
+    providers whose listing answered (an instance missing from another's is not known gone)."""
     scopes: dict[str, set[str]] = {}
-    for p in settings.profiles:
+    for p in svc.settings.profiles:
         scopes.setdefault(p.provider, set()).add(p.zone)
     for w in rows:
         zone = (w.resources or {}).get("zone")
@@ -164,41 +232,7 @@ def read_snapshot(
             continue
         known.add(name)
         instances.update({(name, i.instance_id): i for i in listed})
-
-    state = FleetState(
-        now=now,
-        rules=rules,
-        listening_since=listening_since,
-        profiles=profiles,
-        workers=workers,
-        inventory=tuple(
-            InstanceSnapshot(
-                provider=prov,
-                instance_id=i.instance_id,
-                state=i.state,
-                worker_id=i.worker_id,
-                profile=i.profile,
-                detail=i.detail,
-            )
-            for (prov, _), i in sorted(instances.items())
-        ),
-        inventory_known=frozenset(known),
-        queued=int(queued or 0),
-        oldest_queued_at=as_utc(oldest),
-        dispatchable=tuple(dispatchable),
-        job_counts=_job_counts(counts),
-        active_jobs=tuple(
-            ActiveJob(
-                id=a.id,
-                profile=a.profile,
-                status=a.status,
-                worker_id=a.worker_id,
-                dispatched_at=as_utc(a.dispatched_at),
-            )
-            for a in active
-        ),
-    )
-    return Snapshot(state=state, instances=instances)
+    return instances, known
 
 
 def _job_counts(rows: Sequence[Row[str | None, str, int]]) -> tuple[JobCounts, ...]:
