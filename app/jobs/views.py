@@ -18,7 +18,7 @@ from app.inputs import check_text, display_filename, request_json
 from app.jobs import idempotency, retention, service
 from app.jobs.formats import FORMATS, render
 from app.jobs.slow_work import probe_slot
-from app.jobs.waiting import client_socket, sync_slots, wait_for_job
+from app.jobs.waiting import Waited, client_socket, sync_slots, wait_for_job
 from app.languages import WHISPER_LANGUAGES, is_english_only
 from app.models import JobStatus
 from app.urls import check_url
@@ -339,16 +339,32 @@ def _transcribe_and_wait() -> Response:
     svc = services()
     if request.mimetype != "multipart/form-data":
         raise ApiError(415, "unsupported_media_type", "send multipart/form-data")
-    allowed = {
-        "model",
-        "language",
-        "prompt",
-        "response_format",
-        "temperature",
-        "timestamp_granularities[]",
-        "stream",
+    upload, _ = _form_upload(svc, _OPENAI_FIELDS)
+    fmt, granularities = _openai_format()
+    fields = {
+        "language": request.form.get("language"),
+        "prompt": request.form.get("prompt"),
+        "word_timestamps": "true" if "word" in granularities else "false",
     }
-    upload, _ = _form_upload(svc, allowed)
+    job, _ = create_upload_job(svc, upload, fields, g.owner, _idempotency_key())
+    timeout = svc.settings.api.sync_timeout_seconds
+    waited = wait_for_job(svc.db, svc.redis, job["id"], timeout, client_socket(request.environ))
+    return _sync_answer(waited, fmt, granularities, timeout)
+
+
+_OPENAI_FIELDS = {
+    "model",
+    "language",
+    "prompt",
+    "response_format",
+    "temperature",
+    "timestamp_granularities[]",
+    "stream",
+}
+
+
+def _openai_format() -> tuple[str, set[str]]:
+    """The asked response format and timestamp granularities, checked."""
     fmt = request.form.get("response_format") or "json"
     if fmt not in OPENAI_FORMATS:
         raise ApiError(
@@ -361,19 +377,11 @@ def _transcribe_and_wait() -> Response:
         raise ApiError(
             400, "invalid_parameter", "timestamp_granularities[] accepts 'word' and 'segment'"
         )
-    fields = {
-        "language": request.form.get("language"),
-        "prompt": request.form.get("prompt"),
-        "word_timestamps": "true" if "word" in granularities else "false",
-    }
-    job, _ = create_upload_job(svc, upload, fields, g.owner, _idempotency_key())
-    waited = wait_for_job(
-        svc.db,
-        svc.redis,
-        job["id"],
-        svc.settings.api.sync_timeout_seconds,
-        client_socket(request.environ),
-    )
+    return fmt, granularities
+
+
+def _sync_answer(waited: Waited, fmt: str, granularities: set[str], timeout: float) -> Response:
+    """The answer to a synchronous request once its wait ended, however it ended."""
     finished = waited.job
     # From here a job exists: every answer names it and tells the official client not to
     # retry (it retries 409 and 5xx answers, and a retry would submit the audio again).
@@ -432,8 +440,7 @@ def _transcribe_and_wait() -> Response:
     raise ApiError(
         504,
         "timeout",
-        f"the transcription did not finish within {svc.settings.api.sync_timeout_seconds:.0f} s; "
-        f"poll GET /v1/jobs/{finished.id}",
+        f"the transcription did not finish within {timeout:.0f} s; poll GET /v1/jobs/{finished.id}",
         extra={"job_id": finished.id},
         headers=poll,
     )
