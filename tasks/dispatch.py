@@ -14,10 +14,10 @@ from collections.abc import Collection
 
 import redis
 from celery import Celery
-from sqlalchemy import update
 
-from app.db import Database, rows_changed
+from app.db import Database
 from app.models import Job, JobStatus, utcnow
+from app.transitions import move_job
 from tasks.celery_app import TRANSCRIBE_TASK
 
 log = logging.getLogger(__name__)
@@ -26,13 +26,14 @@ log = logging.getLogger(__name__)
 def dispatch_job(db: Database, celery: Celery, job_id: str, profile: str) -> bool:
     """Send a queued job to `transcribe.<profile>`; False if not queued or the send failed."""
     with db.session() as s:
-        moved = rows_changed(
+        moved = move_job(
             s,
-            update(Job)
-            .where(
-                Job.id == job_id, Job.status == JobStatus.QUEUED.value, Job.audio_key.is_not(None)
-            )
-            .values(status=JobStatus.DISPATCHED.value, profile=profile, dispatched_at=utcnow()),
+            job_id,
+            [JobStatus.QUEUED],
+            JobStatus.DISPATCHED,
+            Job.audio_key.is_not(None),
+            profile=profile,
+            dispatched_at=utcnow(),
         )
     if not moved:
         return False
@@ -46,11 +47,7 @@ def send_dispatched(db: Database, celery: Celery, job_id: str, profile: str) -> 
     except Exception as exc:  # broker down: keep the job, reconcile dispatches it later
         log.warning("broker refused job %s for %s: %s", job_id, profile, type(exc).__name__)
         with db.session() as s:
-            s.execute(
-                update(Job)
-                .where(Job.id == job_id, Job.status == JobStatus.DISPATCHED.value)
-                .values(status=JobStatus.QUEUED.value, dispatched_at=None)
-            )
+            move_job(s, job_id, [JobStatus.DISPATCHED], JobStatus.QUEUED, dispatched_at=None)
         return False
     return True
 
@@ -63,17 +60,15 @@ def requeue_job(db: Database, job_id: str, from_profile: str) -> bool:
     already) is harmless: its claim is refused, the job is no longer dispatched to it.
     """
     with db.session() as s:
-        moved = rows_changed(
+        return move_job(
             s,
-            update(Job)
-            .where(
-                Job.id == job_id,
-                Job.status.in_([JobStatus.DISPATCHED.value, JobStatus.RUNNING.value]),
-                Job.profile == from_profile,
-            )
-            .values(status=JobStatus.QUEUED.value, dispatched_at=None, worker_id=None),
+            job_id,
+            [JobStatus.DISPATCHED, JobStatus.RUNNING],
+            JobStatus.QUEUED,
+            Job.profile == from_profile,
+            dispatched_at=None,
+            worker_id=None,
         )
-    return bool(moved)
 
 
 # How many messages of one queue a withdrawal reads, at most, and per round trip.

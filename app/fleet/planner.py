@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
 
-from app.models import WorkerState
+from app.models import JobStatus, WorkerState
 
 _LIVE = frozenset(
     {
@@ -30,6 +30,9 @@ _SERVING = _LIVE - {WorkerState.DRAINING.value}
 _STARTING = frozenset({WorkerState.REQUESTED.value, WorkerState.CREATING.value})
 # States in which a worker reports (or sends bare heartbeats), so silence means something.
 _REPORTING = frozenset({WorkerState.READY.value, WorkerState.DRAINING.value})
+_READY = WorkerState.READY.value
+_RUNNING = JobStatus.RUNNING.value
+_DISPATCHED = JobStatus.DISPATCHED.value
 # Provider states meaning "powered off"; the Go SDK spells one of them with spaces.
 STOPPED_STATES = frozenset({"stopped", "stopped in place", "stopped_in_place"})
 # Words in a provider's state detail that say a stop was for lack of stock.
@@ -442,11 +445,11 @@ def _reroute(r: _Round) -> None:
             continue
         t = r.tally(j.profile)
         lost_worker = (
-            j.status == "running" and j.worker_id is not None and j.worker_id not in r.live_ids
+            j.status == _RUNNING and j.worker_id is not None and j.worker_id not in r.live_ids
         )
-        no_worker = t.serving == 0 and (j.status == "dispatched" or j.worker_id is None)
+        no_worker = t.serving == 0 and (j.status == _DISPATCHED or j.worker_id is None)
         lost_message = (
-            j.status == "dispatched"
+            j.status == _DISPATCHED
             and depths.get(j.profile) == 0
             and j.dispatched_at is not None
             and state.now - j.dispatched_at > state.rules.lost_message_after
@@ -461,7 +464,7 @@ def _reroute(r: _Round) -> None:
         else:
             reason = "its message is no longer on the queue"
         r.requeues.append(Requeue(j.id, j.profile, reason))
-        if j.status == "running":
+        if j.status == _RUNNING:
             t.running = max(0, t.running - 1)
         else:
             t.dispatched = max(0, t.dispatched - 1)
@@ -487,7 +490,7 @@ def _dispatch(r: _Round) -> None:
         free = sum(1 for w in t.workers if w.state in _SERVING and not w.busy) - t.dispatched
         if preferred_open:
             # Jobs already on its queue go to its ready workers first.
-            booting = sum(1 for w in t.workers if w.state in _SERVING - {"ready"} and not w.busy)
+            booting = sum(1 for w in t.workers if w.state in _SERVING - {_READY} and not w.busy)
             free = min(free, booting)
         else:
             r.reached.add(p.name)
@@ -625,11 +628,11 @@ def _retire(r: _Round) -> None:
         usable = prof is not None and prof.enabled
         _retire_unneeded_boots(r, t, usable)
         starting_free = sum(
-            1 for w in t.workers if w.state in _SERVING and w.state != "ready" and not w.busy
+            1 for w in t.workers if w.state in _SERVING and w.state != _READY and not w.busy
         )
         need = t.dispatched - starting_free
         free_ready = sorted(
-            (w for w in t.workers if not w.busy and w.state in ("ready", "draining")),
+            (w for w in t.workers if not w.busy and w.state in _REPORTING),
             key=_idle_ref,
             reverse=True,  # keep the most recently idle ones
         )
@@ -654,7 +657,7 @@ def _retire_unneeded_boots(r: _Round, t: _Tally, usable: bool) -> None:
     """Free booting workers beyond the jobs on their queue go (the oldest, nearest to ready,
     stay). While jobs wait unassigned a free booting worker takes one next round, so all stay;
     a disabled profile's worker gets none of them."""
-    free_ready_count = sum(1 for w in t.workers if w.state == "ready" and not w.busy)
+    free_ready_count = sum(1 for w in t.workers if w.state == _READY and not w.busy)
     booting_free = sorted(
         (w for w in t.workers if w.state == WorkerState.BOOTING.value and not w.busy),
         key=lambda w: (w.requested_at, w.id),

@@ -11,12 +11,13 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import func, update
 
 from app.config import Profile
 from app.fleet.catalog import SERVER_TYPES, supported_compute_types
 from app.fleet.planner import Death
 from app.models import ProfileState, Worker, WorkerState
+from app.transitions import move_worker
 
 # The runtime fields that must equal the profile's (docs/worker-protocol.md, "Runtime").
 COMPARED_FIELDS = ("model", "compute_type", "vad", "alignment_device", "batch_size")
@@ -95,8 +96,7 @@ def mark_ready(session: Any, worker: Worker, runtime: dict[str, Any], now: datet
     worker.runtime = runtime
     worker.last_seen_at = now
     if worker.state in _READYABLE:
-        worker.state = WorkerState.READY.value
-        worker.error = None
+        move_worker(session, worker.id, _READYABLE, WorkerState.READY, error=None)
     if worker.state != WorkerState.READY.value:
         return
     if worker.ready_at is None:
@@ -116,11 +116,16 @@ def mark_ready(session: Any, worker: Worker, runtime: dict[str, Any], now: datet
 
 
 def reject(session: Any, worker: Worker, problems: list[str], now: datetime) -> None:
-    """Refuse the worker: FAILED with the reasons; the next reconcile deletes its instance."""
-    worker.state = WorkerState.FAILED.value
-    worker.error = Death.RUNTIME_REJECTED.because("; ".join(problems))
-    worker.delete_reason = Death.RUNTIME_REJECTED.value
+    """Refuse the worker: FAILED with the reasons; the next reconcile deletes its instance.
+
+    A worker already draining or being deleted stays so; its refusal is still the answer."""
     worker.last_seen_at = now
-    if worker.delete_requested_at is None:
-        worker.delete_requested_at = now
-    session.add(worker)
+    move_worker(
+        session,
+        worker.id,
+        (*_READYABLE, WorkerState.READY.value),
+        WorkerState.FAILED,
+        error=Death.RUNTIME_REJECTED.because("; ".join(problems)),
+        delete_reason=Death.RUNTIME_REJECTED.value,
+        delete_requested_at=func.coalesce(Worker.delete_requested_at, now),
+    )

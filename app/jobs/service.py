@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from app.auth import WorkerCaller
 from app.config import Settings
-from app.db import Database, rows_changed
+from app.db import Database
 from app.errors import ApiError
 from app.inputs import text_problem
 from app.models import (
@@ -36,6 +36,7 @@ from app.models import (
     utcnow,
 )
 from app.observability import record_job_finished
+from app.transitions import move_job
 from gpu_worker.bounds import finite_or_none
 
 log = logging.getLogger(__name__)
@@ -256,34 +257,21 @@ def list_jobs(
 
 
 def _transition(
-    db: Database, job_id: str, from_states: tuple[str, ...], values: dict[str, Any]
+    db: Database, job_id: str, sources: tuple[str, ...], to: JobStatus, **values: Any
 ) -> bool:
     with db.session() as s:
-        moved = rows_changed(
-            s, update(Job).where(Job.id == job_id, Job.status.in_(from_states)).values(**values)
-        )
-    return bool(moved)
+        return move_job(s, job_id, sources, to, **values)
 
 
-def _update_held_job(s: Session, job_id: str, worker_id: str, values: dict[str, Any]) -> int:
-    """Change a running job only while `worker_id` holds it (compare-and-set); rows changed."""
-    return rows_changed(
-        s,
-        update(Job)
-        .where(
-            Job.id == job_id,
-            Job.status == JobStatus.RUNNING.value,
-            Job.worker_id == worker_id,
-        )
-        .values(**values),
-    )
+def _update_held_job(s: Session, job_id: str, holder: str, to: JobStatus, **values: Any) -> bool:
+    """Move a running job on only while the worker `holder` holds it (compare-and-set)."""
+    return move_job(s, job_id, [JobStatus.RUNNING], to, Job.worker_id == holder, **values)
 
 
-def _finish(db: Database, job_id: str, worker_id: str, values: dict[str, Any]) -> bool:
+def _finish(db: Database, job_id: str, worker_id: str, to: JobStatus, **values: Any) -> bool:
     """End a running job on behalf of the worker that holds it; anyone else's word is ignored."""
     with db.session() as s:
-        moved = _update_held_job(s, job_id, worker_id, values)
-    return bool(moved)
+        return _update_held_job(s, job_id, worker_id, to, **values)
 
 
 def cancel_job(db: Database, job_id: str, owner: str) -> Job:
@@ -293,12 +281,10 @@ def cancel_job(db: Database, job_id: str, owner: str) -> Job:
         db,
         job_id,
         cancellable,
-        {
-            "status": JobStatus.CANCELLED.value,
-            "finished_at": utcnow(),
-            "error_code": "cancelled",
-            "error_message": "cancelled by the client",
-        },
+        JobStatus.CANCELLED,
+        finished_at=utcnow(),
+        error_code="cancelled",
+        error_message="cancelled by the client",
     )
     if not done:
         job = get_job(db, job_id, owner)
@@ -349,28 +335,25 @@ def claim_job(db: Database, job_id: str, worker: WorkerCaller, max_attempts: int
         ):
             return Claim(None)
         if job.attempts >= max_attempts:
-            failed = rows_changed(
+            failed = move_job(
                 s,
-                update(Job)
-                .where(Job.id == job_id, Job.status.in_(ACTIVE_STATES))
-                .values(
-                    status=JobStatus.FAILED.value,
-                    finished_at=now,
-                    error_code="too_many_attempts",
-                    error_message=f"the job was started {job.attempts} times without finishing",
-                ),
+                job_id,
+                ACTIVE_STATES,
+                JobStatus.FAILED,
+                finished_at=now,
+                error_code="too_many_attempts",
+                error_message=f"the job was started {job.attempts} times without finishing",
             )
             return Claim(None, failed=job if failed else None)
-        moved = rows_changed(
+        moved = move_job(
             s,
-            update(Job)
-            .where(Job.id == job_id, Job.status.in_(ACTIVE_STATES), Job.attempts == job.attempts)
-            .values(
-                status=JobStatus.RUNNING.value,
-                worker_id=worker.id,
-                started_at=now,
-                attempts=job.attempts + 1,
-            ),
+            job_id,
+            ACTIVE_STATES,
+            JobStatus.RUNNING,
+            Job.attempts == job.attempts,
+            worker_id=worker.id,
+            started_at=now,
+            attempts=job.attempts + 1,
         )
         if not moved:
             return Claim(None)
@@ -403,9 +386,7 @@ def job_held_by(db: Database, job_id: str, worker_id: str) -> bool:
 def release_job(db: Database, job_id: str, worker_id: str) -> bool:
     """A draining worker hands a running job back: it becomes claimable by the next worker."""
     with db.session() as s:
-        moved = _update_held_job(
-            s, job_id, worker_id, {"status": JobStatus.DISPATCHED.value, "worker_id": None}
-        )
+        moved = _update_held_job(s, job_id, worker_id, JobStatus.DISPATCHED, worker_id=None)
         s.execute(
             update(Worker)
             .where(Worker.id == worker_id, Worker.current_job_id == job_id)
@@ -441,14 +422,12 @@ def store_result(
         db,
         job_id,
         worker_id,
-        {
-            "status": JobStatus.SUCCEEDED.value,
-            "transcript": transcript,
-            "processing_seconds": seconds,
-            "finished_at": utcnow(),
-            "error_code": None,
-            "error_message": None,
-        },
+        JobStatus.SUCCEEDED,
+        transcript=transcript,
+        processing_seconds=seconds,
+        finished_at=utcnow(),
+        error_code=None,
+        error_message=None,
     )
     _release_worker(db, worker_id, job_id, counted=stored)
     return stored
@@ -459,12 +438,10 @@ def store_failure(db: Database, job_id: str, worker_id: str, code: str, message:
         db,
         job_id,
         worker_id,
-        {
-            "status": JobStatus.FAILED.value,
-            "finished_at": utcnow(),
-            "error_code": code,
-            "error_message": message,
-        },
+        JobStatus.FAILED,
+        finished_at=utcnow(),
+        error_code=code,
+        error_message=message,
     )
     _release_worker(db, worker_id, job_id, counted=stored)
     return stored
@@ -476,12 +453,10 @@ def fail_job(db: Database, job_id: str, code: str, message: str) -> bool:
         db,
         job_id,
         (JobStatus.QUEUED.value, *ACTIVE_STATES),
-        {
-            "status": JobStatus.FAILED.value,
-            "finished_at": utcnow(),
-            "error_code": code,
-            "error_message": message,
-        },
+        JobStatus.FAILED,
+        finished_at=utcnow(),
+        error_code=code,
+        error_message=message,
     )
 
 

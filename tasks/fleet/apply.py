@@ -21,7 +21,6 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from app.config import Profile
-from app.db import rows_changed
 from app.fleet.cloudinit import worker_environment
 from app.fleet.planner import (
     NOT_NEEDED,
@@ -51,6 +50,7 @@ from app.models import (
     server_gone,
 )
 from app.observability import forget_worker, record_provision_attempt
+from app.transitions import move_worker
 from tasks.dispatch import dispatch_job, requeue_job, withdraw_messages
 from tasks.fleet import broker_users
 from tasks.fleet.services import FleetServices
@@ -251,20 +251,15 @@ def _mark_dead(svc: FleetServices, action: MarkDead) -> str | None:
     with svc.db.session() as s:
         row = s.get(Worker, action.worker_id)
         profile_name = row.profile if row is not None else None
-        moved = rows_changed(
+        moved = move_worker(
             s,
-            update(Worker)
-            .where(
-                Worker.id == action.worker_id,
-                Worker.state.in_(states or LIVE_WORKER_STATES),
-                Worker.deleted_at.is_(None),
-            )
-            .values(
-                state=WorkerState.DELETING.value,
-                error=action.reason,
-                delete_reason=action.death.value,
-                delete_requested_at=func.coalesce(Worker.delete_requested_at, now),
-            ),
+            action.worker_id,
+            states or LIVE_WORKER_STATES,
+            WorkerState.DELETING,
+            Worker.deleted_at.is_(None),
+            error=action.reason,
+            delete_reason=action.death.value,
+            delete_requested_at=func.coalesce(Worker.delete_requested_at, now),
         )
     if moved:
         log.warning("fleet: worker %s is dead (%s); deleting it", action.worker_id, action.reason)
@@ -379,12 +374,14 @@ def _provision(svc: FleetServices, action: Provision) -> str | ProviderError:
                 s.execute(
                     update(Worker)
                     .where(Worker.id == worker_id)
-                    .values(
-                        instance_id=instance_id,
-                        resources=dict(resources),
-                        state=WorkerState.CREATING.value,
-                        created_at=svc.clock(),
-                    )
+                    .values(instance_id=instance_id, resources=dict(resources))
+                )
+                move_worker(
+                    s,
+                    worker_id,
+                    [WorkerState.REQUESTED],
+                    WorkerState.CREATING,
+                    created_at=svc.clock(),
                 )
             return worker_environment(settings, profile, worker_id, instance_id, broker_url)
 
@@ -409,13 +406,8 @@ def _created(svc: FleetServices, profile: Profile, worker_id: str, instance: Ins
     with svc.db.session() as s:
         # The worker may already have reported ready (a local process is quick): only move on
         # from the creating states.
-        s.execute(
-            update(Worker)
-            .where(
-                Worker.id == worker_id,
-                Worker.state.in_([WorkerState.REQUESTED.value, WorkerState.CREATING.value]),
-            )
-            .values(state=WorkerState.BOOTING.value)
+        move_worker(
+            s, worker_id, [WorkerState.REQUESTED, WorkerState.CREATING], WorkerState.BOOTING
         )
         values: dict[str, Any] = {"resources": dict(instance.resources)}
         if instance.state == "starting":  # the create's own look after power-on saw it
@@ -440,6 +432,15 @@ def _created(svc: FleetServices, profile: Profile, worker_id: str, instance: Ins
     )
 
 
+# A worker whose creation failed may already have reported ready (a local process is quick).
+_CREATED_OR_LIVE = (
+    WorkerState.REQUESTED,
+    WorkerState.CREATING,
+    WorkerState.BOOTING,
+    WorkerState.READY,
+)
+
+
 def _creation_failed(svc: FleetServices, worker_id: str, exc: ProviderError) -> None:
     now = svc.clock()
     with svc.db.session() as s:
@@ -452,12 +453,11 @@ def _creation_failed(svc: FleetServices, worker_id: str, exc: ProviderError) -> 
         row.delete_requested_at = now
         if exc.instance_id is not None:
             # Something was created and could not be removed yet: the next rounds finish it.
-            row.state = WorkerState.DELETING.value
             row.instance_id = exc.instance_id
             row.resources = dict(exc.resources)
+            move_worker(s, worker_id, _CREATED_OR_LIVE, WorkerState.DELETING)
         else:
-            row.state = WorkerState.FAILED.value
-            row.deleted_at = now
+            move_worker(s, worker_id, _CREATED_OR_LIVE, WorkerState.FAILED, deleted_at=now)
 
 
 def _stocked_out(svc: FleetServices, profile: Profile, exc: ProviderError) -> None:
@@ -522,15 +522,16 @@ def _adopt_orphan(svc: FleetServices, action: DeleteOrphan, instance: Instance |
                 profile=(action.profile or "unknown")[:40],
                 provider=action.provider,
                 requested_at=now,
+                state=WorkerState.DELETING.value,  # born deleting: all it has is an instance
             )
             s.add(row)
         row.instance_id = action.instance_id
-        row.state = WorkerState.DELETING.value
-        row.deleted_at = None
         row.delete_reason = "orphan"
         row.delete_requested_at = now
         row.resources = {**(row.resources or {}), **resources}
         worker_id = row.id
+        if row.state != WorkerState.DELETING.value:
+            move_worker(s, worker_id, [row.state], WorkerState.DELETING, deleted_at=None)
     log.warning(
         "fleet: orphan instance %s (%s, worker tag %s): deleting it",
         action.instance_id,
@@ -589,8 +590,8 @@ def _teardown(
             log.info("fleet: worker %s is no longer idle; not deleting it", worker_id)
             return False
         if row.state != WorkerState.DELETING.value:
-            row.state = WorkerState.DELETING.value
             row.delete_reason = row.delete_reason or reason[:64]
+            move_worker(s, worker_id, [row.state], WorkerState.DELETING)
         if row.delete_requested_at is None:
             row.delete_requested_at = now
         instance_id, provider_name = row.instance_id, row.provider
@@ -615,8 +616,9 @@ def _teardown(
             # From here on no GPU cost counts against the budget (app.models.SERVER_GONE_AT).
             row.resources = {**row.resources, SERVER_GONE_AT: svc.clock().isoformat()}
         if result.confirmed:
-            row.state = WorkerState.DELETED.value
-            row.deleted_at = svc.clock()
+            move_worker(
+                s, worker_id, [WorkerState.DELETING], WorkerState.DELETED, deleted_at=svc.clock()
+            )
         elif result.detail and (previous_error is None or previous_error.startswith("teardown:")):
             row.error = f"teardown: {result.detail}"
     if result.confirmed:

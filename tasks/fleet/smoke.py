@@ -27,16 +27,17 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import or_, update
+from sqlalchemy import or_
 
 from app.broker import redis_client
 from app.config import Profile, Settings
-from app.db import Database, rows_changed
+from app.db import Database
 from app.fleet import readiness
 from app.fleet.catalog import billed_seconds
 from app.fleet.planner import Action, Delete, FleetPlan, FleetState, Provision
 from app.models import LIVE_WORKER_STATES, Job, JobStatus, Worker, WorkerState, new_id, utcnow
 from app.storage import LocalAudioStore
+from app.transitions import move_job, move_worker
 from tasks.celery_app import make_celery
 from tasks.dispatch import send_dispatched
 from tasks.fleet.apply import Outcome, apply_plan
@@ -274,15 +275,14 @@ def _claim_teardown(svc: FleetServices, worker_id: str, own_job: str | None) -> 
     on it between the check and the teardown."""
     with svc.db.session() as s:
         free = or_(Worker.current_job_id.is_(None), Worker.current_job_id == own_job)
-        rows_changed(
+        move_worker(
             s,
-            update(Worker)
-            .where(Worker.id == worker_id, Worker.state.in_(LIVE_WORKER_STATES), free)
-            .values(
-                state=WorkerState.DELETING.value,
-                delete_reason="smoke",
-                delete_requested_at=utcnow(),
-            ),
+            worker_id,
+            LIVE_WORKER_STATES,
+            WorkerState.DELETING,
+            free,
+            delete_reason="smoke",
+            delete_requested_at=utcnow(),
         )
         row = s.get(Worker, worker_id)
         if row is not None and row.state in LIVE_WORKER_STATES:  # still live: it holds a job
@@ -333,15 +333,14 @@ def _sweep(svc: FleetServices, results: list[SmokeResult], deadline: float, poll
 
 def _cancel(svc: FleetServices, job_id: str) -> None:
     with svc.db.session() as s:
-        s.execute(
-            update(Job)
-            .where(Job.id == job_id, Job.status.not_in(_FINISHED))
-            .values(
-                status=JobStatus.CANCELLED.value,
-                finished_at=utcnow(),
-                error_code="cancelled",
-                error_message="cancelled by murmur smoke",
-            )
+        move_job(
+            s,
+            job_id,
+            [status for status in JobStatus if not status.finished],
+            JobStatus.CANCELLED,
+            finished_at=utcnow(),
+            error_code="cancelled",
+            error_message="cancelled by murmur smoke",
         )
 
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import logging
 
-from sqlalchemy import func, update
+from sqlalchemy import func, select
 
 from app.config import load_settings
 from app.db import Database
 from app.models import Worker, WorkerState, utcnow
+from app.transitions import WORKER_MOVES, move_worker
 from tasks.providers.local import LocalProvider
 
 log = logging.getLogger("murmur.fleet")
@@ -33,16 +34,29 @@ def delete_all_local_workers() -> int:
         try:
             now = utcnow()
             with db.session() as s:
-                s.execute(
-                    update(Worker)
-                    .where(Worker.provider == "local", Worker.instance_id.in_(deleted))
-                    .values(
-                        state=WorkerState.DELETED.value,
-                        deleted_at=now,
+                ids = s.scalars(
+                    select(Worker.id).where(
+                        Worker.provider == "local",
+                        Worker.instance_id.in_(deleted),
+                        Worker.deleted_at.is_(None),
+                    )
+                ).all()
+                for worker_id in ids:  # deleting, then deleted: the provider confirmed it
+                    move_worker(
+                        s,
+                        worker_id,
+                        [
+                            state
+                            for state in WorkerState
+                            if WorkerState.DELETING in WORKER_MOVES[state]
+                        ],
+                        WorkerState.DELETING,
                         delete_requested_at=func.coalesce(Worker.delete_requested_at, now),
                         delete_reason=func.coalesce(Worker.delete_reason, "stack stopped"),
                     )
-                )
+                    move_worker(
+                        s, worker_id, [WorkerState.DELETING], WorkerState.DELETED, deleted_at=now
+                    )
         finally:
             db.dispose()
     return len(deleted)
