@@ -2,7 +2,7 @@
 
 The facts about the machine (`DeviceFacts`) are probed separately from the decision
 (`check_hardware`), so every rule can be tested on a CPU-only host with injected facts.
-Rules come from docs/runtime.md and the ASR runtime reference: CUDA present when a setting
+Rules come from docs/runtime.md ("Known traps"): CUDA present when a setting
 asks for it, the compute type supported by CTranslate2 on that device, a PyTorch build with
 kernels for the GPU when PyTorch runs on it, and enough free GPU memory.
 """

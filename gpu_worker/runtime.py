@@ -87,7 +87,7 @@ class RuntimeProfile(BaseModel):
     @property
     def torch_on_cuda(self) -> bool:
         """Whether PyTorch (pyannote VAD or wav2vec2 alignment) runs on the GPU."""
-        # WhisperX runs pyannote VAD on the ASR device (asr-runtime.md §1).
+        # WhisperX runs pyannote VAD on the ASR device (docs/runtime.md, "Backend and VAD").
         return (self.vad == "pyannote" and self.device == "cuda") or self.alignment_device == "cuda"
 
 

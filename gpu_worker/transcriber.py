@@ -1,7 +1,7 @@
 """One transcriber interface with two backends: faster-whisper (CPU) and WhisperX (GPU profiles).
 
 A backend is built once per process and keeps its model resident: reloading a model per job
-grows memory without bound (asr-runtime.md, "Measured here"), so a worker that must switch
+grows memory without bound (docs/runtime.md, "Known traps"), so a worker that must switch
 models is restarted instead.
 """
 
@@ -36,7 +36,7 @@ Checkpoint = Callable[[], None]
 
 SAMPLE_RATE = 16000
 BEAM_SIZE = 5
-# WhisperX's own VAD defaults (asr-runtime.md §1), passed explicitly.
+# WhisperX's own VAD defaults (onset 0.5, 30 s chunks), passed explicitly.
 VAD_ONSET = 0.5
 CHUNK_SECONDS = 30
 # faster-whisper runs VAD and builds the features of everything it is given at once (about
@@ -208,8 +208,8 @@ class FasterWhisperTranscriber:
             cpu_threads=cpu_threads,
             local_files_only=True,
         )
-        # Batching trades a little accuracy for throughput (asr-runtime.md, measured); a
-        # profile opts in with MURMUR_BATCH_SIZE > 1.
+        # Batching trades a little accuracy for throughput (docs/performance.md, "Fastest CPU
+        # configuration"); a profile opts in with MURMUR_BATCH_SIZE > 1.
         self._batched = BatchedInferencePipeline(self.model) if batch_size > 1 else None
         self._batch_size = batch_size
 

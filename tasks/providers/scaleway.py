@@ -131,7 +131,8 @@ def _explain(body: dict[str, Any]) -> str:
 
 
 def classify(exc: BaseException, what: str, secrets: Collection[str] = ()) -> ProviderError:
-    """The typed error for an SDK/transport failure (see shared/reference/scaleway.md §4).
+    """The typed error for an SDK/transport failure (docs/fleet.md, "Fallback happens on
+    capacity only").
 
     Its reason keeps what the API said (status, type, message, argument details), redacted
     and bounded, so an operator can act on it from `last_error`.
@@ -184,8 +185,8 @@ def classify(exc: BaseException, what: str, secrets: Collection[str] = ()) -> Pr
     return InvalidArgument(said)
 
 
-# The one next step of a teardown, per state the API reports (shared/reference/scaleway.md
-# §2 "Teardown recipe", §3 allowed_actions).
+# The one next step of a teardown, per state the API reports (docs/fleet.md,
+# "Teardown", and each state's allowed_actions).
 DELETE = "delete"
 TERMINATE = "terminate"  # the ServerAction values, as plain strings
 STOP_IN_PLACE = "stop_in_place"

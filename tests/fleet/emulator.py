@@ -1,10 +1,11 @@
 """A local HTTP emulator of the Scaleway Instance/Block API subset the fleet uses, with faults.
 
-The real `scaleway` SDK talks to it over HTTP. Shapes follow shared/reference/scaleway.md §3:
-servers are created stopped; `poweron` moves them through `starting` to `running`; `terminate`
-goes through `stopping` and then the server is gone, its Block volumes detached (`available`)
-and its flexible IPs detached but kept; a stopped server is removed by DELETE. Lists page with
-`page`/`per_page` and answer an empty page past the end (the SDK's `*_all` stops only there).
+The real `scaleway` SDK talks to it over HTTP. Shapes follow the real API (docs/fleet.md,
+"Teardown"): servers are created stopped; `poweron` moves them through `starting` to `running`;
+`terminate` goes through `stopping` and then the server is gone, its Block volumes detached
+(`available`) and its flexible IPs detached but kept; a stopped server is removed by DELETE.
+Lists page with `page`/`per_page` and answer an empty page past the end (the SDK's `*_all`
+stops only there).
 
 State changes are counted in observations (reads of the server), not in seconds, so tests are
 deterministic. Faults are injected per operation, zone and commercial type: out of stock,
@@ -54,7 +55,7 @@ RUNNING_ACTIONS = ["poweroff", "terminate", "reboot", "stop_in_place", "backup"]
 STOPPED_ACTIONS = ["poweron", "backup"]
 STARTING_ACTIONS = ["stop_in_place", "backup"]
 STOPPED_IN_PLACE_ACTIONS = ["poweron", "poweroff", "terminate", "reboot", "backup"]
-# What each state the API reports allows (shared/reference/scaleway.md §3, recorded traffic).
+# What each state the API reports allows (as the real API lists them in `allowed_actions`).
 ALLOWED_ACTIONS: dict[str, list[str]] = {
     "running": RUNNING_ACTIONS,
     "stopped": STOPPED_ACTIONS,
