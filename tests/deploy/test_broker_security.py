@@ -30,11 +30,12 @@ from celery import Celery
 
 from app.broker import redis_client
 from app.config import Settings, broker_tls_problems
-from app.db import Base, Database
+from app.db import Database
 from app.fleet import cloudinit
 from app.fleet.cloudinit import render_user_data, worker_environment
 from app.fleet.liveness import record_reconciled
 from app.fleet.service import PLAN_KEY
+from app.migrate import upgrade
 from app.models import utcnow
 from app.observability.store import count_rejection, snapshot_key
 from gpu_worker.celery_app import make_celery as make_worker_celery
@@ -528,8 +529,8 @@ def test_the_fleet_runs_a_worker_lifecycle_over_tls_within_its_rights(
     """Reconcile, dispatch and teardown through the control plane's user on the TLS broker."""
     emulator = InstanceEmulator(secret_key=SECRET_KEY, project_id=PROJECT_ID)
     emulator.start()
+    upgrade(f"sqlite:///{tmp_path}/fleet.db")
     db = Database(f"sqlite:///{tmp_path}/fleet.db")
-    Base.metadata.create_all(db.engine)
     groups = {
         "workers-par2": {"id": emulator.add_security_group("fr-par-2", "m"), "zone": "fr-par-2"}
     }

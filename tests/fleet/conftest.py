@@ -24,6 +24,7 @@ from app.config import Profile, Settings
 from app.db import Base, Database
 from app.fleet import readiness
 from app.fleet.catalog import SERVER_TYPES
+from app.migrate import upgrade
 from app.models import Job, JobStatus, ProfileState, Worker, WorkerState
 from tasks.celery_app import make_celery
 from tasks.fleet.reconcile import ReconcileReport, reconcile
@@ -103,6 +104,13 @@ def fleet_redis() -> Iterator[redis.Redis]:
     client.close()
 
 
+def migrated_sqlite(tmp_path: Path) -> Database:
+    """A SQLite database whose schema the migrations built, as production's is."""
+    url = f"sqlite:///{tmp_path}/fleet.db"
+    upgrade(url)
+    return Database(url)
+
+
 def _postgres(name: str) -> str:
     base = POSTGRES_SERVER.rsplit("/", 1)[0]
     return f"{base}/{name}"
@@ -118,7 +126,7 @@ def postgres_db() -> Iterator[Database]:
     except psycopg.Error as exc:
         pytest.fail(f"PostgreSQL at {POSTGRES_SERVER} does not answer: {exc}")
     db = Database(_postgres(name))
-    Base.metadata.create_all(db.engine)
+    upgrade(db.url)
     try:
         yield db
     finally:
@@ -129,10 +137,9 @@ def postgres_db() -> Iterator[Database]:
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def fleet_db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Database]:
-    """A fresh schema on SQLite, and an emptied one on PostgreSQL."""
+    """A fresh schema on SQLite, and an emptied one on PostgreSQL; both built by the migrations."""
     if request.param == "sqlite":
-        db = Database(f"sqlite:///{tmp_path}/fleet.db")
-        Base.metadata.create_all(db.engine)
+        db = migrated_sqlite(tmp_path)
         yield db
         db.dispose()
         return
@@ -145,8 +152,7 @@ def fleet_db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Databas
 
 @pytest.fixture()
 def sqlite_db(tmp_path: Path) -> Iterator[Database]:
-    db = Database(f"sqlite:///{tmp_path}/fleet.db")
-    Base.metadata.create_all(db.engine)
+    db = migrated_sqlite(tmp_path)
     yield db
     db.dispose()
 

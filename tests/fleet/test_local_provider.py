@@ -248,13 +248,14 @@ def test_stopping_the_stack_deletes_every_local_worker(
 ) -> None:
     from sqlalchemy import select
 
-    from app.db import Base, Database
+    from app.db import Database
+    from app.migrate import upgrade
     from app.models import Worker
     from tasks.fleet.teardown import delete_all_local_workers
 
     url = f"sqlite:///{tmp_path}/murmur.db"
+    upgrade(url)
     db = Database(url)
-    Base.metadata.create_all(db.engine)
     monkeypatch.setenv("MURMUR_DATABASE_URL", url)
     monkeypatch.setenv("MURMUR_LOCAL_STATE_DIR", str(tmp_path / "state"))
     monkeypatch.delenv("MURMUR_CONFIG", raising=False)

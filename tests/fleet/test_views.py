@@ -13,9 +13,10 @@ from click.testing import CliRunner
 
 from app import create_app
 from app.config import Settings
-from app.db import Base, Database
+from app.db import Database
 from app.fleet.cli import fleet_command
 from app.fleet.planner import FleetPlan, ProfilePlan
+from app.migrate import upgrade
 from app.models import ProfileState, Worker, WorkerState, utcnow
 from tasks.fleet.reconcile import publish_plan
 from tests.fleet.conftest import FLEET_REDIS_URL, L4, P100, SIGNING_KEY
@@ -45,8 +46,8 @@ def app_settings(tmp_path: Path, fleet_redis: redis.Redis) -> Settings:
 
 @pytest.fixture()
 def populated(app_settings: Settings, fleet_redis: redis.Redis) -> Iterator[Database]:
+    upgrade(app_settings.database_url)
     db = Database(app_settings.database_url)
-    Base.metadata.create_all(db.engine)
     now = utcnow()
     with db.session() as s:
         s.add(
