@@ -73,8 +73,16 @@ def channel_may_consume(channel: Any) -> bool:
 
 
 def celery_holds_requests() -> bool:
-    """Whether Celery has any task request received and not yet finished in this process."""
-    return bool(len(celery_state.reserved_requests) or len(celery_state.active_requests))
+    """Whether Celery holds any task request not yet finished: reserved, running, or waiting
+    for its ETA (a retried job's countdown holds its message in this process meanwhile)."""
+    return any(
+        len(held)
+        for held in (
+            celery_state.reserved_requests,
+            celery_state.active_requests,
+            celery_state.scheduled_requests,
+        )
+    )
 
 
 class StallCounter:
