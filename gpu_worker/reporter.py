@@ -5,6 +5,10 @@ is built from the shared worker state and the samplers, sent once with a bounded
 and dropped if it fails (no retry queue: the next report supersedes it). Nothing it does can
 fail a job or hold up the process's exit; its exceptions are caught and logged without the
 token or any URL. The body is described in docs/observability.md.
+
+A worker whose Celery consumer is stalled (gpu_worker/liveness.py) is not reported: no report
+is sent while the state says it is not consuming, so the fleet hears nothing from a process
+that cannot take a job, and declares it dead if that lasts (docs/fleet.md, `no heartbeat`).
 """
 
 from __future__ import annotations
@@ -72,6 +76,8 @@ class ProcessState(Protocol):
     def model_load_seconds(self) -> float | None: ...
     @property
     def uptime_seconds(self) -> float: ...
+    @property
+    def consuming(self) -> bool: ...
 
 
 class StateSource(Protocol):
@@ -128,6 +134,7 @@ class UsageReporter:
         self.on_stop: list[Callable[[], None]] = []
         self.delivered = 0
         self.dropped = 0
+        self.withheld = 0  # reports not sent while the consumer was stalled
 
     # -- one report ---------------------------------------------------------------------------
 
@@ -137,6 +144,12 @@ class UsageReporter:
         phase = str(snapshot.phase)
         if phase not in REPORTED_STATES:
             return None
+        if not snapshot.consuming:
+            self._withhold()
+            return None
+        if self.withheld:
+            log.info("usage reports resume: the consumer takes messages again")
+            self.withheld = 0
         self._sequence += 1
         report: dict[str, Any] = {
             "version": REPORT_VERSION,
@@ -203,6 +216,11 @@ class UsageReporter:
         if lines:
             self._log_acked = max(self._log_acked, lines[-1]["number"])
         return True
+
+    def _withhold(self) -> None:
+        if not self.withheld:
+            log.warning("usage reports withheld: the consumer is stalled and takes no job")
+        self.withheld += 1
 
     def _drop(self, sequence: int, why: str) -> None:
         self.dropped += 1

@@ -26,6 +26,7 @@ from gpu_worker.celery_app import make_celery
 from gpu_worker.client import ControlPlaneClient, ControlPlaneError, RuntimeMismatch
 from gpu_worker.heartbeat import HEARTBEAT_TIMEOUT, Heartbeat
 from gpu_worker.jobs import DrainDeadlineExceeded, JobContext, Outcome, process_job
+from gpu_worker.liveness import ConsumerWatch, consumer_liveness_step
 from gpu_worker.preflight import Preflight
 from gpu_worker.reporter import start_usage_reporter
 from gpu_worker.runtime import RuntimeProfile, WorkerIdentity, image_pull_seconds
@@ -100,7 +101,7 @@ def serve(preflight: Preflight, *, state: WorkerState | None = None, loglevel: s
             identity.token,
             timeout=HEARTBEAT_TIMEOUT,
         )
-        heartbeat = Heartbeat(client, profile.report_interval_seconds)
+        heartbeat = Heartbeat(client, profile.report_interval_seconds, state)
         heartbeat.start()
     try:
         return _serve(preflight, profile, identity, state, loglevel)
@@ -161,6 +162,9 @@ def _serve(
         master_name=identity.broker_master_name,
         broker_ca_certs=identity.broker_ca_certs,
     )
+    # Restarts a consumer left stalled by an acknowledgement lost with the broker, and keeps a
+    # stalled worker from being reported live (gpu_worker/liveness.py).
+    app.steps["consumer"].add(consumer_liveness_step(ConsumerWatch(state)))
     worker = app.Worker(
         hostname=f"{identity.worker_id}@{identity.instance_id}",
         pool_cls="solo",

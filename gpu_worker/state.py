@@ -3,6 +3,10 @@
 The job path and the service write to one `WorkerState`; the usage reporter
 (gpu_worker/reporter.py) calls `snapshot()` every report interval and posts it. All methods
 are thread-safe.
+
+`consuming` is False only while the consumer watch (gpu_worker/liveness.py) has found the
+Celery consumer stalled and no healthy check has followed: the reporter and the bare heartbeat
+stay silent then, so the fleet never counts a worker that cannot take a job as live.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ class StateSnapshot:
     audio_seconds: float
     model_load_seconds: float | None
     uptime_seconds: float
+    # Not a report field: whether this process may be reported at all (see the module docstring).
+    consuming: bool = True
 
 
 class WorkerState:
@@ -51,6 +57,7 @@ class WorkerState:
         self._processing_seconds = 0.0
         self._audio_seconds = 0.0
         self._model_load_seconds: float | None = None
+        self._consumer_stalled = False
 
     @property
     def phase(self) -> Phase:
@@ -89,6 +96,16 @@ class WorkerState:
             if self._phase is Phase.BUSY:
                 self._phase = Phase.READY
 
+    def consumer_stalled(self) -> None:
+        """The consumer holds its prefetch window with no job running: it takes nothing."""
+        with self._lock:
+            self._consumer_stalled = True
+
+    def consumer_alive(self) -> None:
+        """A check of the consumer found it able to take a message (or working on one)."""
+        with self._lock:
+            self._consumer_stalled = False
+
     def begin_drain(self) -> bool:
         """Enter draining; returns whether a job is running right now."""
         with self._lock:
@@ -108,4 +125,5 @@ class WorkerState:
                 audio_seconds=self._audio_seconds,
                 model_load_seconds=self._model_load_seconds,
                 uptime_seconds=time.monotonic() - self._started,
+                consuming=not self._consumer_stalled,
             )

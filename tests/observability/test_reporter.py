@@ -281,6 +281,25 @@ def test_reporting_stops_when_the_worker_stops(
     assert reporter.build_report() is None
 
 
+def test_no_report_is_sent_while_the_consumer_is_stalled(
+    control_plane: tuple[ControlPlaneDouble, str],
+) -> None:
+    double, url = control_plane
+    state = WorkerState()
+    state.set_phase(Phase.READY)
+    reporter = make_reporter(url, state)
+
+    assert reporter.send_once() is True
+    state.consumer_stalled()  # gpu_worker/liveness.py: the consumer takes no message
+    assert [reporter.send_once() for _ in range(3)] == [False, False, False]
+    assert double.count() == 1 and reporter.withheld == 3 and reporter.dropped == 0
+    state.consumer_alive()
+    assert reporter.send_once() is True
+    bodies = double.bodies()
+    assert [b["state"] for b in bodies] == ["ready", "ready"]
+    assert [b["sequence"] for b in bodies] == [1, 2]  # withheld reports use no sequence number
+
+
 def test_intervals_are_jittered_within_ten_percent() -> None:
     reporter = make_reporter("http://127.0.0.1:1", WorkerState(), interval_seconds=30.0)
     delays = [reporter.next_delay() for _ in range(500)]

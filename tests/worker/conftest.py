@@ -79,6 +79,8 @@ class FakeControlPlane:
         self.results: dict[str, dict[str, Any]] = {}
         self.failures: dict[str, dict[str, Any]] = {}
         self.ready_bodies: list[dict[str, Any]] = []
+        self.reports: list[dict[str, Any]] = []  # usage reports, in arrival order
+        self.heartbeats = 0
         self.ready_status = 200
         self.requests: list[tuple[str, str, dict[str, str]]] = []
         self.scripted: dict[str, list[int]] = {}  # path suffix -> statuses to answer first
@@ -153,6 +155,12 @@ class FakeControlPlane:
             if self.ready_status == 409:
                 return 409, {"error": {"code": "runtime_mismatch", "message": "compute_type"}}
             return 200, {"accepted": True}
+        if parts[4:] == ["report"]:
+            self.reports.append(body)
+            return 200, {"accepted": True}
+        if parts[4:] == ["heartbeat"]:
+            self.heartbeats += 1
+            return 200, {"ok": True}
         job_id, action = parts[5], parts[6]
         job = self.jobs.get(job_id)
         if job is None:
