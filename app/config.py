@@ -285,6 +285,8 @@ def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
         out["database_url"] = _secret_from_env(env, "MURMUR_DATABASE_URL")
     if "MURMUR_REDIS_URL" in env:
         out["redis_url"] = env["MURMUR_REDIS_URL"]
+    elif env.get("MURMUR_REDIS_URL_FILE"):  # rediss://murmur-control:<password>@…: a secret too
+        out["redis_url"] = _secret_from_env(env, "MURMUR_REDIS_URL")
     redis: dict[str, Any] = {}
     if "MURMUR_REDIS_SENTINELS" in env:
         redis["sentinels"] = [

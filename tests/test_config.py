@@ -65,3 +65,30 @@ def test_unreadable_secret_file_is_a_clear_error(tmp_path: Path) -> None:
     assert err.value.problems == [
         f"MURMUR_SIGNING_KEY_FILE: cannot read {tmp_path / 'missing'}: No such file or directory"
     ]
+
+
+@pytest.mark.parametrize(
+    ("var", "field", "url"),
+    [
+        ("MURMUR_DATABASE_URL", "database_url", "postgresql://murmur:s3cret@postgres:5432/murmur"),
+        ("MURMUR_REDIS_URL", "redis_url", "rediss://murmur-control:s3cret@redis:6380/0"),
+    ],
+)
+def test_a_url_with_a_password_comes_from_a_file(
+    tmp_path: Path, var: str, field: str, url: str
+) -> None:
+    """docker/compose.yaml passes both URLs as secret files (each carries a password)."""
+    secret = tmp_path / "url"
+    secret.write_text(url + "\n")
+    assert getattr(load_settings(env={f"{var}_FILE": str(secret)}), field) == url
+    # The plain variable, when set, wins over the file (as for every *_FILE secret).
+    plain = url.replace("s3cret", "other")
+    both = load_settings(env={var: plain, f"{var}_FILE": str(secret)})
+    assert getattr(both, field) == plain
+    # An unreadable file is an error naming the variable and the path, never a silent default.
+    with pytest.raises(ConfigError) as err:
+        load_settings(env={f"{var}_FILE": str(tmp_path / "missing")})
+    assert err.value.problems == [
+        f"{var}_FILE: cannot read {tmp_path / 'missing'}: No such file or directory"
+    ]
+    assert "s3cret" not in str(err.value)
