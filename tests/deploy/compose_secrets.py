@@ -31,7 +31,8 @@ SECRETS_DIR = "/run/secrets/"
 
 
 def header_commands(text: str | None = None) -> list[str]:
-    """The header's command lines (`#   ...`), continuation lines joined, in order."""
+    """The header's commands (`#   ...` lines; continuation lines joined, shell comments
+    left out), in order."""
     text = COMPOSE.read_text() if text is None else text
     commands: list[str] = []
     pending = ""
@@ -41,6 +42,8 @@ def header_commands(text: str | None = None) -> list[str]:
         if not line.startswith("#   "):
             continue
         body = line[4:]
+        if not pending and body.lstrip().startswith("#"):
+            continue  # a shell comment between commands
         pending = f"{pending}\n{body}" if pending else body
         if not body.endswith("\\"):
             commands.append(pending)
