@@ -349,9 +349,9 @@ class Stack:
 class Walk:
     """The guide's commands, consumed in order by `step`."""
 
-    def __init__(self, stack: Stack) -> None:
+    def __init__(self, stack: Stack, sections: list[tuple[str, list[str]]] | None = None) -> None:
         self.stack = stack
-        self.sections = guide_sections(GUIDE.read_text())
+        self.sections = guide_sections(GUIDE.read_text()) if sections is None else sections
         self.section = ""
         self.pending: list[str] = []
 
@@ -375,6 +375,27 @@ class Walk:
     def finish(self) -> None:
         assert not self.pending, f"{self.section}: commands not run: {self.pending}"
         assert not self.sections, f"sections not run: {[t for t, _ in self.sections]}"
+
+
+def test_a_command_the_walk_does_not_expect_fails_it(tmp_path: Path) -> None:
+    """A command added to, changed in or left out of the guide fails the walk."""
+    host = Stack(tmp_path, "postgresql://postgres@127.0.0.1:5432/postgres", "unused")
+    sections = [("A", ["echo one", "echo added"]), ("B", ["echo two"])]
+    walk = Walk(host, [(t, list(c)) for t, c in sections])
+    walk.enter("A")
+    assert walk.out(r"echo one") == "one\n"
+    with pytest.raises(AssertionError, match="commands not run"):
+        walk.enter("B")  # "echo added" was never run
+    walk = Walk(host, [(t, list(c)) for t, c in sections])
+    walk.enter("A")
+    walk.step(r"echo one")
+    with pytest.raises(AssertionError, match="!~"):
+        walk.step(r"echo two")  # the guide's next command is not the one expected
+    walk = Walk(host, [("A", ["echo one"]), ("B", ["echo two"])])
+    walk.enter("A")
+    walk.step(r"echo one")
+    with pytest.raises(AssertionError, match="sections not run"):
+        walk.finish()
 
 
 @pytest.fixture()
@@ -623,7 +644,8 @@ def test_every_command_of_the_operations_guide(stack: Stack) -> None:  # noqa: P
     assert key is not None
     audio = stack.audio / key
     original = audio.read_bytes()
-    walk.step(r"mkdir -p backup")
+    walk.step(r"mkdir -p -m 700 backup   # .*")
+    assert (stack.docker / "backup").stat().st_mode & 0o777 == 0o700
     walk.step(
         r"docker compose exec -T postgres pg_dump -U murmur -d murmur -Fc > backup/murmur\.dump"
     )
