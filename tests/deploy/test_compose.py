@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import configparser
 import copy
+import os
 import re
 import subprocess
+import sys
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +26,8 @@ from celery import Celery
 
 from app.broker import redis_client
 from app.config import load_settings
+from app.fleet.liveness import record_reconciled
+from app.models import utcnow
 from tasks.celery_app import make_celery
 from tests.conftest import ROOT
 from tests.deploy.compose_secrets import generate, host_path, loopback, run_script, running_broker
@@ -468,3 +473,48 @@ def test_the_header_makes_every_secret_and_a_broker_compose_reaches(tmp_path: Pa
 
     generate(tmp_path, "broker.test.example")
     assert {p.name: p.read_bytes() for p in secrets.iterdir()} == before
+
+
+def test_the_control_worker_healthcheck_is_the_control_planes_progress(tmp_path: Path) -> None:
+    """Remote control is off, so `celery inspect ping` could never pass; the check runs as
+    compose runs it (the control worker's broker URL and CA from its secrets) and fails once
+    no reconcile made progress within fleet.reconcile_stale_seconds, or the broker refuses."""
+    doc = _load()
+    service = doc["services"]["control-worker"]
+    check = _words(service["healthcheck"]["test"])
+    assert check[:3] == ["CMD", "python", "-c"]
+    secrets = generate(tmp_path, "broker.test.example")
+    docker = tmp_path / "docker"
+    env_spec = service["environment"]
+    with running_broker(secrets, tmp_path) as port:
+        url = tmp_path / "redis_url"
+        url.write_text(loopback((secrets / "redis_url").read_text().strip(), port))
+        env = {
+            "PATH": os.environ["PATH"],
+            "MURMUR_REDIS_URL_FILE": str(url),
+            "MURMUR_REDIS_CA_CERTS": str(
+                host_path(doc, "control-worker", env_spec["MURMUR_REDIS_CA_CERTS"], docker)
+            ),
+        }
+
+        def healthy(**extra: str) -> bool:
+            done = subprocess.run(
+                [sys.executable, *check[2:]], env={**env, **extra}, cwd=ROOT,
+                capture_output=True, text=True, timeout=60, check=False,
+            )  # fmt: skip
+            return done.returncode == 0
+
+        password = (secrets / "redis_control_password").read_text().strip()
+        client = redis.Redis(
+            host="localhost", port=port, ssl=True, username="murmur-control", password=password,
+            ssl_ca_certs=str(secrets / "redis-ca.crt"),
+        )  # fmt: skip
+        assert healthy()  # nothing recorded yet: just started
+        record_reconciled(client, utcnow() - timedelta(seconds=1000))
+        assert not healthy()  # past the default 180 s
+        record_reconciled(client, utcnow())
+        assert healthy()
+        wrong = tmp_path / "wrong_url"
+        wrong.write_text(url.read_text().replace(password, "not-the-password"))
+        assert not healthy(MURMUR_REDIS_URL_FILE=str(wrong))
+        client.close()
