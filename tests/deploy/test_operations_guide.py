@@ -9,8 +9,9 @@ database, `murmur api` (gunicorn) from the virtualenv.
 
 No container engine runs here. `docker compose exec|run SERVICE CMD` runs CMD on this host
 with SERVICE's environment from docker/compose.yaml, its container paths mapped to the files
-compose would mount (/run/secrets/<name>, the config file, the audio volume) and the compose
-names `redis`/`postgres` mapped to the loopback servers; the other `docker compose` commands
+compose would mount (/run/secrets/<name>, the config file, the audio volume), the compose
+names `redis`/`postgres` mapped to the loopback servers (and in the postgres service, the
+user and database `murmur` to the test server's user and throw-away database); the other `docker compose` commands
 are checked by parsing the file (the services exist, can be built or scaled) and by
 starting, stopping or restarting the test's own API process. `$MURMUR_URL` is the API on
 http://127.0.0.1:<port> (the TLS front is tests/deploy/test_caddy.py's).
@@ -506,7 +507,9 @@ def test_every_command_of_the_operations_guide(stack: Stack) -> None:  # noqa: P
     control = stack.settings("control-worker")
     assert control.reveal("scaleway_access_key") == "SCWOPSGUIDE000000001"
     assert control.reveal("scaleway_secret_key") == "1" * 36
-    assert "scaleway_access_key" not in stack.service_env("api").get("SCW_ACCESS_KEY_FILE", "")
+    # Only the control worker holds them.
+    assert stack.settings("api").scaleway_access_key is None
+    assert stack.settings("beat").scaleway_secret_key is None
 
     # ---- Rotate credentials ----------------------------------------------------------------
     walk.enter("Rotate credentials")
