@@ -5,14 +5,14 @@ Invariants:
   container's index or packet timestamps: a file can state any of those falsely (issue 10).
 - Reading stops as soon as that count passes the limit (413 audio_too_long), and the work a
   file can cause is bounded whatever it holds: packets in a row that give no audio, CPU time.
-- The worker counts the same way (gpu_worker/audio.py, which the control plane does not ship),
-  so audio accepted here decodes there within the same limit.
+- The worker counts the same way, with the same code (gpu_worker/decoding.py), so audio
+  accepted here decodes there within the same limit.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,13 @@ from typing import Any
 import av
 
 from app.errors import ApiError
+from gpu_worker.decoding import (
+    MAX_SAMPLE_RATE,
+    OPEN_LIMITS,
+    DecodedLength,
+    UndecodableAudio,
+    decoded_frames,
+)
 
 
 @dataclass(frozen=True)
@@ -35,20 +42,9 @@ class AudioInfo:
 # the WAV demuxer's packet size (other demuxers ignore it): 16 KB packets count a 90 s WAV in
 # about 1 ms (4 KB: 2.3 ms; larger ones are slower again). bench/long_audio.py measures the
 # probe's cost per format; docs/performance.md has the figures.
-# Only audio containers (issue 10 review L3): FFmpeg also has demuxers that open other files
-# or URLs an upload names (concat, hls, image2...), which would let the probe read local files
-# and measure them instead of the upload. The match is on FFmpeg's demuxer names: "mov" is
-# mp4/m4a/mov, "matroska" is mkv/webm, "aac" is ADTS. No protocol but the file itself either.
-# Mirrors gpu_worker.audio.AUDIO_DEMUXERS.
-AUDIO_DEMUXERS = (
-    "wav,w64,mp3,mov,ogg,flac,matroska,aac,aiff,caf,amr,wv,ape,asf,au,tta,ac3,eac3,dts,mpc,mpc8,dsf"
-)
-_OPEN_LIMITS = {"format_whitelist": AUDIO_DEMUXERS, "protocol_whitelist": "file"}
-_FAST_PROBE = {"probesize": "4096", "analyzeduration": "0", "max_size": "16384", **_OPEN_LIMITS}
-_FULL_PROBE = {"max_size": "16384", **_OPEN_LIMITS}
-# Packets in a row that give no audio before the file counts as garbage: real files have a
-# few (encoder priming, a damaged frame); 500 is 10 s of 20 ms Opus packets.
-MAX_EMPTY_PACKETS = 500
+# Only audio containers, and no protocol but the file itself (gpu_worker/decoding.py).
+_FAST_PROBE = {"probesize": "4096", "analyzeduration": "0", "max_size": "16384", **OPEN_LIMITS}
+_FULL_PROBE = {"max_size": "16384", **OPEN_LIMITS}
 # CPU seconds the check may spend: a fixed allowance plus what decoding the longest accepted
 # audio needs at 250x real time. The slowest common codec (Opus) decodes at 370-900x real time
 # on one core of this project's machines, so only a file built to be slow to decode reaches
@@ -57,49 +53,20 @@ _CPU_BASE_SECONDS = 5.0
 _CPU_REAL_TIME_FACTOR = 250.0
 # Checking the CPU clock costs a system call; every 64 packets is often enough.
 _CPU_CHECK_EVERY = 64
-# The highest rate audio is recorded at (DXD 352.8 kHz, 384 kHz); a header can state any
-# number, and resampling from hundreds of MHz costs seconds for a fraction of a second of
-# audio. Mirrors gpu_worker.audio.MAX_SAMPLE_RATE.
-MAX_SAMPLE_RATE = 384_000
 
 
-class _NoAudio(Exception):
-    """Nothing decodable was found with these probe options."""
+def _cpu_bound(cpu_deadline: float) -> Callable[[int], None]:
+    """A packet hook that refuses the file once decoding it has used up its CPU allowance."""
 
-
-def _decoded_frames(container: Any, stream: Any, cpu_deadline: float) -> Iterator[Any]:
-    """The stream's decoded frames: damaged packets skipped, a damaged tail ends it, work bounded.
-
-    Mirrors gpu_worker.audio.decoded_frames, plus the CPU bound the API needs.
-    """
-    packets = container.demux(stream)
-    empty_run = 0
-    read = 0
-    while True:
-        try:
-            packet = next(packets)
-        except StopIteration:
-            return
-        except av.InvalidDataError:
-            return
-        read += 1
+    def check(read: int) -> None:
         if read % _CPU_CHECK_EVERY == 0 and time.thread_time() > cpu_deadline:
             raise ApiError(
                 413,
                 "audio_too_complex",
                 "the file takes too much work to decode; re-encode it (e.g. as FLAC or MP3)",
             )
-        try:
-            frames = packet.decode()
-        except av.FFmpegError:  # a damaged packet (InvalidDataError, or worse: AAC gives -50531338)
-            frames = []
-        if frames:
-            empty_run = 0
-        elif packet.size:  # the empty packet at the end only flushes the decoder
-            empty_run += 1
-            if empty_run > MAX_EMPTY_PACKETS:
-                raise _NoAudio
-        yield from frames
+
+    return check
 
 
 def _measure(
@@ -109,14 +76,12 @@ def _measure(
     with av.open(str(path), metadata_errors="ignore", options=options) as container:
         streams = [s for s in container.streams if s.type == "audio"]
         if not streams:
-            raise _NoAudio
+            raise UndecodableAudio("the file has no audio stream")
         stream: Any = streams[0]
-        decoded_any = False
-        # Whole samples per sample rate, divided once: a float sum of frame lengths drifts.
-        earlier, run_samples, run_rate = 0.0, 0, 0
-        for frame in _decoded_frames(container, stream, cpu_deadline):
+        length = DecodedLength()
+        for frame in decoded_frames(container, stream, _cpu_bound(cpu_deadline)):
             if frame.sample_rate <= 0:
-                raise _NoAudio
+                raise UndecodableAudio("a decoded frame has no sample rate")
             if frame.sample_rate > MAX_SAMPLE_RATE:
                 raise ApiError(
                     400,
@@ -124,23 +89,17 @@ def _measure(
                     f"the audio's sample rate ({frame.sample_rate} Hz) is above what audio uses "
                     f"({MAX_SAMPLE_RATE} Hz)",
                 )
-            if frame.sample_rate != run_rate:
-                if run_rate:
-                    earlier += run_samples / run_rate
-                run_samples, run_rate = 0, frame.sample_rate
-            decoded_any = True
-            run_samples += frame.samples
-            if earlier + run_samples / run_rate > max_seconds:
+            if length.add(frame.sample_rate, frame.samples) > max_seconds:
                 raise ApiError(
                     413,
                     "audio_too_long",
                     f"the audio lasts more than {max_seconds:.0f} s; the limit is "
                     f"{max_seconds:.0f} s",
                 )
-        if not decoded_any:
-            raise _NoAudio
+        if not length.frames:
+            raise UndecodableAudio("no audio decoded")
         return AudioInfo(
-            duration_seconds=earlier + run_samples / run_rate,
+            duration_seconds=length.seconds,
             codec=stream.codec_context.name,
             sample_rate=int(stream.codec_context.sample_rate or 0),
             channels=int(stream.codec_context.channels or 0),
@@ -161,7 +120,7 @@ def probe_audio(path: Path, max_seconds: float) -> AudioInfo:
     for options in (_FAST_PROBE, _FULL_PROBE):  # a full probe for what the quick one cannot place
         try:
             info = _measure(path, options, max_seconds, cpu_deadline)
-        except (_NoAudio, av.FFmpegError, ValueError, OSError, StopIteration):
+        except (UndecodableAudio, av.FFmpegError, ValueError, OSError, StopIteration):
             info = None
         if info is not None:
             break

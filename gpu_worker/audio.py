@@ -11,15 +11,13 @@ Invariants:
 - A run of packets that decode to nothing is bounded (a file of garbage frames).
 - The samples are faster_whisper.decode_audio's: s16 mono from FFmpeg's resampler, / 32768.
 
-The control plane's probe (app/audio.py) counts a file the same way (it cannot import this
-package: the control plane does not ship it), so audio it accepted decodes here within the
-same limit; tests/worker/test_worker_audio.py holds the two to that.
+The control plane's probe (app/audio.py) opens, decodes and counts a file with the same code
+(gpu_worker/decoding.py), so audio it accepted decodes here within the same limit.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -27,28 +25,22 @@ import av
 import numpy as np
 import numpy.typing as npt
 
+from gpu_worker.decoding import (
+    MAX_SAMPLE_RATE,
+    OPEN_LIMITS,
+    DecodedLength,
+    UndecodableAudio,
+    decoded_frames,
+)
+
 SAMPLE_RATE = 16000
 # The limit when a claim carries none (an older control plane): its default api.max_audio_seconds.
 DEFAULT_MAX_SECONDS = 4 * 3600.0
-# Packets in a row that give no audio before the file counts as garbage. Real files have a
-# few at the start (encoder priming, a damaged frame); 500 is 10 s of 20 ms Opus packets.
-MAX_EMPTY_PACKETS = 500
 # Native samples resampled at a time: fewer resampler calls for small-frame codecs, and a
 # bounded amount held between decoder and buffer (4 MiB of float32 stereo at most).
 _GROUP_SAMPLES = 1 << 19
-# The highest rate audio is recorded at (DXD 352.8 kHz, 384 kHz). A header can state any
-# number, and resampling from hundreds of MHz takes seconds for a fraction of a second of
-# audio (found by tests/test_audio_probe_properties.py). app/audio.py refuses the same.
-MAX_SAMPLE_RATE = 384_000
 # The resampler may hand back a few samples beyond the native count (its filter's tail).
 _RESAMPLER_SLACK = SAMPLE_RATE // 10
-# Only audio containers, and no protocol but the file itself: FFmpeg's concat, hls and similar
-# demuxers open whatever files or URLs the input names (issue 10 review L3). app/audio.py
-# probes with the same list (AUDIO_DEMUXERS), so what it accepted opens here.
-AUDIO_DEMUXERS = (
-    "wav,w64,mp3,mov,ogg,flac,matroska,aac,aiff,caf,amr,wv,ape,asf,au,tta,ac3,eac3,dts,mpc,mpc8,dsf"
-)
-_OPEN_LIMITS = {"format_whitelist": AUDIO_DEMUXERS, "protocol_whitelist": "file"}
 
 
 class AudioTooLong(Exception):
@@ -59,37 +51,6 @@ class AudioTooLong(Exception):
             f"the audio lasts more than {limit_seconds:.0f} s; the limit is {limit_seconds:.0f} s"
         )
         self.limit_seconds = limit_seconds
-
-
-class UndecodableAudio(Exception):
-    """The file has no audio stream, or gives no audio where audio was expected."""
-
-
-def decoded_frames(container: Any, stream: Any) -> Iterator[Any]:
-    """The stream's decoded frames; damaged packets are skipped, a damaged tail ends it.
-
-    Raises UndecodableAudio after MAX_EMPTY_PACKETS packets in a row that gave no audio.
-    """
-    packets = container.demux(stream)
-    empty_run = 0
-    while True:
-        try:
-            packet = next(packets)
-        except StopIteration:
-            return
-        except av.InvalidDataError:
-            return  # what decoded so far is the audio, as faster-whisper's decode_audio has it
-        try:
-            frames = packet.decode()
-        except av.FFmpegError:  # a damaged packet (InvalidDataError, or worse: AAC gives -50531338)
-            frames = []
-        if frames:
-            empty_run = 0
-        elif packet.size:  # the empty packet at the end only flushes the decoder
-            empty_run += 1
-            if empty_run > MAX_EMPTY_PACKETS:
-                raise UndecodableAudio(f"{MAX_EMPTY_PACKETS} packets in a row decoded to no audio")
-        yield from frames
 
 
 class _Samples:
@@ -133,9 +94,9 @@ def decode_bounded(
     limit = math.ceil(max_seconds * SAMPLE_RATE) + _RESAMPLER_SLACK
     hint = SAMPLE_RATE * 60 if expected_seconds is None else expected_seconds * SAMPLE_RATE
     samples = _Samples(min(limit, math.ceil(hint) + SAMPLE_RATE), limit, max_seconds)
-    earlier, run_samples, run_rate = 0.0, 0, 1
+    length = DecodedLength()
     opened = str(source) if isinstance(source, str | Path) else source
-    with av.open(opened, mode="r", metadata_errors="ignore", container_options=_OPEN_LIMITS) as c:
+    with av.open(opened, mode="r", metadata_errors="ignore", container_options=OPEN_LIMITS) as c:
         streams = [s for s in c.streams if s.type == "audio"]
         if not streams:
             raise UndecodableAudio("the file has no audio stream")
@@ -152,11 +113,7 @@ def decode_bounded(
                 _drain(fifo, resampler, samples, flush=True)
                 fifo, resampler = av.AudioFifo(), _resampler()
                 shape = frame_shape
-                earlier += run_samples / run_rate
-                run_samples, run_rate = 0, frame.sample_rate
-            # Whole samples per rate, divided once: a float sum of frame lengths drifts.
-            run_samples += frame.samples
-            if earlier + run_samples / run_rate > max_seconds:
+            if length.add(frame.sample_rate, frame.samples) > max_seconds:
                 raise AudioTooLong(max_seconds)
             frame.pts = None  # timestamps are not trusted, nor needed to join frames
             fifo.write(frame)

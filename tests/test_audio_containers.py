@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 
-from app import audio as probe_module
 from app.audio import probe_audio
 from app.errors import ApiError
 from gpu_worker import audio as worker_module
@@ -93,7 +92,3 @@ def test_the_promised_formats_still_open(
     path.write_bytes(encode(FIXTURES / "speech-short.wav", container, codec, rate))
     assert probe_audio(path, 3600).duration_seconds > 1
     assert decode_bounded(path, 3600).shape[0] > 16000
-
-
-def test_the_probe_and_the_worker_open_the_same_containers() -> None:
-    assert probe_module.AUDIO_DEMUXERS == worker_module.AUDIO_DEMUXERS

@@ -12,7 +12,8 @@ import pytest
 from faster_whisper import decode_audio
 
 from app.audio import probe_audio
-from gpu_worker.audio import SAMPLE_RATE, AudioTooLong, UndecodableAudio, decode_bounded
+from gpu_worker.audio import SAMPLE_RATE, AudioTooLong, decode_bounded
+from gpu_worker.decoding import DecodedLength, UndecodableAudio
 from tests.audio_encode import FORMATS, aac_then_garbage, encode, lying_flac, xingless_vbr_mp3
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -136,3 +137,13 @@ def test_a_sample_rate_no_audio_uses_is_undecodable() -> None:
     fast = wav[:at] + (352_337_536).to_bytes(4, "little") + wav[at + 4 :]
     with pytest.raises(UndecodableAudio, match="352337536 Hz"):
         decode_bounded(io.BytesIO(fast), 60)
+
+
+def test_a_length_is_whole_samples_divided_once_per_rate() -> None:
+    # A float sum of 100 frames of 0.01 s drifts off 1.0; whole samples per rate do not.
+    length = DecodedLength()
+    for _ in range(100):
+        length.add(44100, 441)
+    assert length.add(48000, 24000) == 1.5  # a second run, at another rate
+    assert length.frames == 101
+    assert sum([441 / 44100] * 100) != 1.0
