@@ -16,10 +16,9 @@ import json
 import math
 import unicodedata
 from collections.abc import Iterable
-from typing import Annotated, Any
+from typing import Any
 
 from flask import request
-from pydantic import AfterValidator
 
 from app.errors import ApiError
 
@@ -58,22 +57,6 @@ def check_text(value: str, field: str, *, free_text: bool = False) -> str:
     if problem is not None:
         raise ApiError(400, "invalid_text", f"{field} {problem}")
     return value
-
-
-def _storable(value: str) -> str:
-    # Free text that PostgreSQL must accept: NUL and lone surrogates are what it refuses.
-    if "\x00" in value:
-        raise ValueError("contains a NUL character")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("contains a lone surrogate (not valid Unicode)") from None
-    return value
-
-
-# Text a worker sends (transcripts, failure messages): stored as it is, so it may hold any
-# character a model can emit, except the two no database column accepts.
-StorableText = Annotated[str, AfterValidator(_storable)]
 
 
 def json_problem(value: Any, max_depth: int = MAX_JSON_DEPTH) -> str | None:

@@ -17,10 +17,11 @@ from app.context import services
 from app.credentials import sign_audio_url, verify_audio_signature
 from app.errors import ApiError
 from app.fleet import readiness
-from app.inputs import MAX_JSON_BYTES, StorableText, json_problem, read_body
+from app.inputs import MAX_JSON_BYTES, json_problem, read_body
 from app.jobs import service
 from app.models import JobStatus, Worker, utcnow
-from gpu_worker.bounds import MAX_TOKEN, Probability, Seconds, Statistic, Token
+from gpu_worker.bounds import Seconds
+from gpu_worker.protocol.transcript import StorableText, Transcript
 
 internal_bp = Blueprint("internal", __name__, url_prefix="/internal")
 
@@ -28,42 +29,11 @@ internal_bp = Blueprint("internal", __name__, url_prefix="/internal")
 MAX_RESULT_BYTES = 32 * 1024 * 1024
 
 
-class _Word(BaseModel):
-    # Unknown fields are dropped, never stored: only what is declared here (finite, bounded
-    # numbers from gpu_worker/bounds.py) reaches the database and later the API's JSON.
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
-    word: StorableText
-    start: Seconds
-    end: Seconds
-    probability: Probability | None = None
-
-
-class _Segment(BaseModel):
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
-    id: int | None = Field(default=None, ge=0, le=MAX_TOKEN)
-    seek: int | None = Field(default=None, ge=0, le=MAX_TOKEN)
-    start: Seconds
-    end: Seconds
-    text: StorableText
-    tokens: list[Token] | None = None
-    avg_logprob: Statistic | None = None
-    no_speech_prob: Probability | None = None
-    compression_ratio: Statistic | None = None
-    temperature: Statistic | None = None
-    words: list[_Word] | None = None
-
-
-class _Transcript(BaseModel):
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
-    text: StorableText
-    language: str | None = Field(default=None, max_length=16, pattern=r"^[A-Za-z_-]*$")
-    duration: Seconds = 0.0
-    segments: list[_Segment]
-
-
 class _Result(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-    transcript: _Transcript
+    # A newer worker's extra transcript fields are dropped, never stored (the protocol's
+    # models ignore them); the envelope itself is ours and stays strict.
+    transcript: Transcript
     processing_seconds: Seconds
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, Field
+from pydantic import Field
 
 # Ten years: longer than any audio, uptime or processing total a worker can report.
 MAX_SECONDS = 10 * 365 * 86400.0
@@ -26,20 +26,6 @@ Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS, allow_inf_nan=False)]
 Probability = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 Statistic = Annotated[float, Field(ge=-MAX_STATISTIC, le=MAX_STATISTIC, allow_inf_nan=False)]
 Token = Annotated[int, Field(ge=0, le=MAX_TOKEN)]
-
-
-def _none_unless_finite(value: Any) -> Any:
-    # A decoder that could not measure a statistic gives -inf or NaN (an empty segment's
-    # average log probability); the protocol says "None, never invented" for those.
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
-# A measured statistic on the worker's side: a non-finite measurement becomes None there, so
-# the worker never sends (and the control plane never has to refuse) a whole transcript for it.
-MeasuredStatistic = Annotated[Statistic | None, BeforeValidator(_none_unless_finite)]
-MeasuredProbability = Annotated[Probability | None, BeforeValidator(_none_unless_finite)]
 
 
 def finite_or_none(value: Any) -> Any:

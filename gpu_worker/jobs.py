@@ -24,9 +24,9 @@ import numpy.typing as npt
 from gpu_worker.audio import DEFAULT_MAX_SECONDS, AudioTooLong, decode_bounded
 from gpu_worker.client import AudioDownloadError, AudioTooLarge, ClaimedJob, ControlPlaneError
 from gpu_worker.holding import CHECK_INTERVAL_SECONDS, CancelWatch, JobCancelled
+from gpu_worker.protocol.transcript import Transcript
 from gpu_worker.state import JobEnd, WorkerState
 from gpu_worker.transcriber import SAMPLE_RATE, Checkpoint, Transcriber, UnsupportedLanguage
-from gpu_worker.transcript import Transcript
 
 log = logging.getLogger(__name__)
 

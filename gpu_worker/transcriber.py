@@ -22,8 +22,9 @@ from faster_whisper import BatchedInferencePipeline, WhisperModel, decode_audio
 from faster_whisper.transcribe import Segment as WhisperSegment
 
 from gpu_worker.manifest import VerifiedAsset
+from gpu_worker.protocol.transcript import Segment, Transcript, Word, measured
 from gpu_worker.runtime import RuntimeProfile
-from gpu_worker.transcript import Segment, Transcript, Word, join_text, monotonic_words
+from gpu_worker.transcript import join_text, monotonic_words
 from gpu_worker.windows import shifted, window_bounds
 
 log = logging.getLogger(__name__)
@@ -165,10 +166,10 @@ def _segments_from_faster_whisper(segments: list[WhisperSegment]) -> list[Segmen
             end=float(seg.end),
             text=seg.text,
             tokens=list(seg.tokens),
-            avg_logprob=float(seg.avg_logprob),
-            no_speech_prob=float(seg.no_speech_prob),
-            compression_ratio=float(seg.compression_ratio),
-            temperature=None if seg.temperature is None else float(seg.temperature),
+            avg_logprob=measured(seg.avg_logprob),
+            no_speech_prob=measured(seg.no_speech_prob),
+            compression_ratio=measured(seg.compression_ratio),
+            temperature=measured(seg.temperature),
             words=None
             if seg.words is None
             else [
@@ -176,7 +177,7 @@ def _segments_from_faster_whisper(segments: list[WhisperSegment]) -> list[Segmen
                     word=w.word,
                     start=float(w.start),
                     end=float(w.end),
-                    probability=float(w.probability),
+                    probability=measured(w.probability),
                 )
                 for w in seg.words
             ],
@@ -518,7 +519,7 @@ def _segment_from_whisperx(index: int, raw: dict[str, Any], with_words: bool) ->
                     word=str(item["word"]),
                     start=word_start,
                     end=word_end,
-                    probability=None if score is None else float(score),
+                    probability=None if score is None else measured(float(score)),
                 )
             )
             floor = word_end
@@ -532,7 +533,7 @@ def _segment_from_whisperx(index: int, raw: dict[str, Any], with_words: bool) ->
         # WhisperX's batched pass returns text only: no tokens, no-speech probability or
         # compression ratio. Beam search without fallback means temperature 0.
         tokens=[],
-        avg_logprob=None if avg_logprob is None else float(avg_logprob),
+        avg_logprob=None if avg_logprob is None else measured(float(avg_logprob)),
         no_speech_prob=None,
         compression_ratio=None,
         temperature=0.0,

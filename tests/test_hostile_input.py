@@ -12,6 +12,7 @@ import json
 import math
 from datetime import UTC, datetime
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -26,7 +27,8 @@ from app.inputs import display_filename
 from app.jobs.service import cursor_encode
 from app.models import Job, WorkerState
 from gpu_worker.bounds import MAX_SECONDS
-from gpu_worker.transcript import Segment, Word
+from gpu_worker.protocol.transcript import Segment, Word
+from gpu_worker.transcriber import _segments_from_faster_whisper
 from tasks.jobs import webhook_payload
 from tests.conftest import SIGNING_KEY, add_worker, auth
 from tests.test_api_input import SPEECH, error_of, job_count, upload
@@ -167,8 +169,7 @@ def test_a_bad_stored_row_never_makes_invalid_json_or_a_500(
 
 
 def test_the_worker_never_builds_a_non_finite_transcript() -> None:
-    segment = Segment(
-        id=0,
+    decoded = SimpleNamespace(
         start=0.0,
         end=1.0,
         text=" hi",
@@ -177,8 +178,9 @@ def test_the_worker_never_builds_a_non_finite_transcript() -> None:
         no_speech_prob=math.nan,
         compression_ratio=1.0,
         temperature=0.0,
-        words=[Word(word="hi", start=0.0, end=1.0, probability=math.nan)],
+        words=[SimpleNamespace(word="hi", start=0.0, end=1.0, probability=math.nan)],
     )
+    (segment,) = _segments_from_faster_whisper([decoded])
     # What a decoder could not measure is None ("never invented"); what it did stays.
     assert segment.avg_logprob is None and segment.no_speech_prob is None
     assert segment.words is not None and segment.words[0].probability is None
@@ -186,6 +188,10 @@ def test_the_worker_never_builds_a_non_finite_transcript() -> None:
     for start in (math.inf, math.nan, -1.0, MAX_SECONDS * 2):
         with pytest.raises(ValidationError):
             Word(word="x", start=start, end=1.0, probability=None)
+    # The wire model itself refuses what is not finite: clamping is the sender's job, and the
+    # control plane validates with the same model.
+    with pytest.raises(ValidationError):
+        Segment(start=0.0, end=1.0, text="x", avg_logprob=-math.inf)
 
 
 def test_the_reporter_never_sends_a_non_finite_counter() -> None:

@@ -31,7 +31,7 @@ from gpu_worker.telemetry import (
     LogTail,
     Reading,
 )
-from gpu_worker.transcript import Transcript
+from gpu_worker.protocol.transcript import Transcript
 from tests.conftest import FIXTURES, free_port, wait_for
 
 TOKEN = "cd" * 32

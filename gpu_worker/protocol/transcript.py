@@ -1,0 +1,99 @@
+"""The transcript a worker posts as its result, in the shape of docs/worker-protocol.md.
+
+The worker builds these models (gpu_worker/transcriber.py) and posts `Transcript.to_json()`;
+the control plane validates the result body with the same models (app/internal.py) and
+stores `model_dump(exclude_none=True)`.
+
+Invariants:
+- Unknown fields are ignored (`extra="ignore"`), not refused. The control plane must accept
+  a result from a worker newer than itself: refusing it would leave the job running and the
+  work lost until the worker gave up, during every rolling upgrade. Dropping the fields keeps
+  the rule of docs/worker-protocol.md, "fields the control plane does not know are dropped,
+  never stored": only what is declared here reaches the database and the API's JSON. On the
+  worker's side nothing is lost by not forbidding them: its models are built with keyword
+  arguments, which mypy checks against the declared fields.
+- Every number is finite and bounded (gpu_worker/bounds.py); a non-finite or out-of-range
+  number is refused, never clamped. A statistic the decoder could not measure is None: the
+  worker says so with `measured()` before building, rather than sending `-inf`.
+- Text holds no NUL and no lone surrogate (`StorableText`): PostgreSQL refuses both.
+- Fields an older worker may not send have defaults; `to_json()` sends exactly the fields
+  the worker set, and `words` only when word timestamps ran.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from gpu_worker.bounds import MAX_TOKEN, Probability, Seconds, Statistic, Token
+
+
+def _storable(value: str) -> str:
+    # Free text that PostgreSQL must accept: NUL and lone surrogates are what it refuses.
+    if "\x00" in value:
+        raise ValueError("contains a NUL character")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("contains a lone surrogate (not valid Unicode)") from None
+    return value
+
+
+# Text a worker sends (transcripts, failure messages): stored as it is, so it may hold any
+# character a model can emit, except the two no database column accepts.
+StorableText = Annotated[str, AfterValidator(_storable)]
+
+
+def measured(value: float | None) -> float | None:
+    """A decoder's statistic as the protocol carries it: None when it is not finite.
+
+    A decoder that could not measure a statistic gives -inf or NaN (an empty segment's
+    average log probability); the protocol says "None, never invented" for those.
+    """
+    if value is None or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore", allow_inf_nan=False)
+
+
+class Word(_Wire):
+    word: StorableText
+    start: Seconds
+    end: Seconds
+    probability: Probability | None = None
+
+
+class Segment(_Wire):
+    """One decoded segment. Fields a backend cannot measure are None, never invented."""
+
+    id: int | None = Field(default=None, ge=0, le=MAX_TOKEN)
+    seek: int | None = Field(default=None, ge=0, le=MAX_TOKEN)
+    start: Seconds
+    end: Seconds
+    text: StorableText
+    tokens: list[Token] | None = None
+    avg_logprob: Statistic | None = None
+    no_speech_prob: Probability | None = None
+    compression_ratio: Statistic | None = None
+    temperature: Statistic | None = None
+    words: list[Word] | None = None
+
+
+class Transcript(_Wire):
+    text: StorableText
+    language: str | None = Field(default=None, max_length=16, pattern=r"^[A-Za-z_-]*$")
+    duration: Seconds = 0.0
+    segments: list[Segment]
+
+    def to_json(self) -> dict[str, Any]:
+        """The result body's `transcript`: the fields the worker set; `words` only when set."""
+        body = self.model_dump(exclude_unset=True)
+        for segment in body["segments"]:
+            if segment.get("words", ()) is None:
+                del segment["words"]
+        return body
