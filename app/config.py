@@ -17,10 +17,12 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
-from app.fleet.catalog import SERVER_TYPES, supported_compute_types
+from app.fleet.catalog import SERVER_TYPES
 from gpu_worker.broker_tls import is_tls, verification_problem
+from gpu_worker.protocol.broker import PROFILE_NAME_PATTERN, queue_name
+from gpu_worker.protocol.compute import ComputeType, supported_compute_types
+from gpu_worker.protocol.usage import DEFAULT_REPORT_INTERVAL_SECONDS
 
-ComputeType = Literal["float16", "float32", "int8", "int8_float16", "int8_float32", "bfloat16"]
 VadBackend = Literal["pyannote", "silero"]
 AlignmentDevice = Literal["cuda", "cpu", "none"]
 ProviderName = Literal["scaleway", "local"]
@@ -57,7 +59,7 @@ class _Strict(BaseModel):
 class Profile(_Strict):
     """One entry of the ordered allowlist: where a worker runs and how it transcribes."""
 
-    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,39}$")
+    name: str = Field(pattern=PROFILE_NAME_PATTERN)
     provider: ProviderName
     zone: str
     server_type: str
@@ -76,7 +78,7 @@ class Profile(_Strict):
 
     @property
     def queue(self) -> str:
-        return f"transcribe.{self.name}"
+        return queue_name(self.name)
 
 
 class SecurityGroup(_Strict):
@@ -129,7 +131,7 @@ class BudgetSettings(_Strict):
 
 class ObservabilitySettings(_Strict):
     enabled: bool = False
-    report_interval_seconds: float = Field(default=30.0, gt=0)
+    report_interval_seconds: float = Field(default=DEFAULT_REPORT_INTERVAL_SECONDS, gt=0)
 
 
 class RetentionSettings(_Strict):

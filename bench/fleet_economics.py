@@ -52,6 +52,7 @@ from app.db import Base, Database  # noqa: E402
 from app.fleet import readiness  # noqa: E402
 from app.jobs.service import cancel_job  # noqa: E402
 from app.models import Job, JobStatus, Worker, WorkerState  # noqa: E402
+from gpu_worker.protocol.broker import queue_name  # noqa: E402
 from tasks.celery_app import make_celery  # noqa: E402
 from tasks.dispatch import _job_of  # noqa: E402
 from tasks.fleet.broker_users import USER_PREFIX  # noqa: E402
@@ -308,7 +309,7 @@ class Simulation:
     def _claim(self, s: Any, w: Worker, now: datetime) -> None:
         """Pop one message from the profile's queue (kombu's consuming end) and claim its job."""
         for _ in range(50):  # stale messages of re-routed or cancelled jobs are skipped
-            raw = self.redis.rpop(f"transcribe.{w.profile}")
+            raw = self.redis.rpop(queue_name(w.profile))
             if raw is None:
                 return
             job_id = _job_of(raw if isinstance(raw, bytes) else str(raw).encode())

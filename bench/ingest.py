@@ -486,8 +486,8 @@ def main() -> int:
         # /metrics: 1,000 live workers that all reported, and a jobs table.
         scrape_workers = workers + add_workers(database_url, SCRAPE_WORKERS - WORKERS)
         add_jobs(database_url, args.jobs)
-        from app.observability.schema import UsageReport
         from app.observability.store import store_report
+        from gpu_worker.protocol.usage import UsageReport
 
         for seed, (worker_id, _, _) in enumerate(scrape_workers):
             report = UsageReport.model_validate_json(report_body(1, seed))

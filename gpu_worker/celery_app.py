@@ -21,14 +21,9 @@ from gpu_worker.broker import unacked_keys
 from gpu_worker.broker_tls import celery_broker
 from gpu_worker.client import ControlPlaneError, ControlPlaneUnavailable
 from gpu_worker.jobs import DrainDeadlineExceeded, Outcome
+from gpu_worker.protocol.broker import TRANSCRIBE_TASK, VISIBILITY_TIMEOUT_SECONDS
 
 log = logging.getLogger(__name__)
-
-TRANSCRIBE_TASK = "murmur.transcribe"
-
-# Must equal the control plane's (tasks/celery_app.py): on one Redis the shortest visibility
-# timeout wins, and a job running longer than it is delivered a second time.
-VISIBILITY_TIMEOUT_SECONDS = 4 * 3600
 
 # A claim or result call that found the control plane down is retried as a whole task,
 # with back-off well below the visibility timeout (long ETAs are redelivered over and over).

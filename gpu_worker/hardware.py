@@ -15,31 +15,14 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpu_worker.runtime import COMPUTE_TYPES, RuntimeProfile
+from gpu_worker.protocol.compute import COMPUTE_TYPES, CPU_COMPUTE_TYPES, supported_compute_types
+from gpu_worker.runtime import RuntimeProfile
 
 log = logging.getLogger(__name__)
-
-# CTranslate2's own rules (src/types.cc, src/cuda/utils.cc), the same table as the control
-# plane's app/fleet/catalog.py; copied because the worker must not depend on `app`.
-CPU_COMPUTE_TYPES = frozenset({"float32", "int8", "int8_float32"})
 
 # Estimates (not yet measured on a GPU) of what PyTorch work adds on the device.
 PYANNOTE_VAD_GPU_MB = 512
 ALIGNMENT_GPU_MB = 1024
-
-
-def compute_types_for_capability(capability: tuple[int, int] | None) -> frozenset[str]:
-    """Compute types CTranslate2 runs efficiently on a device of this capability (None = CPU)."""
-    if capability is None:
-        return CPU_COMPUTE_TYPES
-    types = {"float32"}
-    if capability >= (7, 0) or capability == (6, 1):
-        types |= {"int8", "int8_float32"}
-    if capability >= (7, 0):
-        types |= {"float16", "int8_float16"}
-    if capability >= (8, 0):
-        types |= {"bfloat16", "int8_bfloat16"}
-    return frozenset(types)
 
 
 def torch_supports_capability(arch_list: tuple[str, ...], capability: tuple[int, int]) -> bool:
@@ -168,7 +151,7 @@ def _compute_type_problems(profile: RuntimeProfile, facts: DeviceFacts) -> list[
         # answer is what will actually load.
         supported = frozenset(COMPUTE_TYPES)
         if facts.cuda_capability is not None:
-            supported &= compute_types_for_capability(facts.cuda_capability)
+            supported &= supported_compute_types(facts.cuda_capability)
         if facts.ct2_cuda_compute_types is not None:
             supported &= facts.ct2_cuda_compute_types
         where = _gpu(facts)

@@ -18,8 +18,6 @@ from gpu_worker.state import WorkerState
 
 log = logging.getLogger(__name__)
 
-HEARTBEAT_TIMEOUT = (3.0, 5.0)  # connect, read: a heartbeat never waits long
-
 
 class Heartbeat:
     def __init__(

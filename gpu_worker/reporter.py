@@ -27,6 +27,14 @@ import requests
 from pydantic import SecretStr
 
 from gpu_worker.bounds import MAX_SECONDS
+from gpu_worker.protocol.usage import (
+    MAX_LOG_BYTES_PER_REPORT,
+    MAX_LOG_LINES,
+    REPORT_JITTER,
+    REPORT_TIMEOUT,
+    REPORT_VERSION,
+    REPORTED_STATES,
+)
 from gpu_worker.telemetry import (
     GpuSampler,
     HostSampler,
@@ -36,19 +44,6 @@ from gpu_worker.telemetry import (
 )
 
 log = logging.getLogger(__name__)
-
-REPORT_VERSION = 1
-REPORTED_STATES = ("starting", "loading", "ready", "busy", "draining")
-# (connect, read) seconds: a report is small, and a slow control plane must not make reports
-# pile up behind each other.
-REPORT_TIMEOUT = (3.0, 5.0)
-JITTER = 0.1  # ±10 %: a fleet started together does not report in lock-step
-# Log lines per report, and the bytes they may take: the control plane refuses a report over
-# 64 KiB, and JSON writes each non-ASCII character as a 6-byte escape, so 50 lines of 400
-# such characters would be 120 KB; refused, and never acknowledged, they would block every
-# later report. Lines left out go with the next report.
-MAX_LOG_LINES_PER_REPORT = 50
-MAX_LOG_BYTES_PER_REPORT = 32 * 1024
 
 
 def _seconds(value: float) -> float:
@@ -103,7 +98,7 @@ class UsageReporter:
         log_tail: LogTail | None = None,
         session: requests.Session | None = None,
         timeout: tuple[float, float] = REPORT_TIMEOUT,
-        jitter: float = JITTER,
+        jitter: float = REPORT_JITTER,
         rng: random.Random | None = None,
     ) -> None:
         if interval_seconds <= 0:
@@ -179,7 +174,7 @@ class UsageReporter:
         """The unacknowledged lines, oldest first, within the report's byte budget."""
         lines: list[dict[str, Any]] = []
         size = 0
-        for line in tail.since(self._log_acked, MAX_LOG_LINES_PER_REPORT):
+        for line in tail.since(self._log_acked, MAX_LOG_LINES):
             item = line.to_json()
             size += len(json.dumps(item)) + 1  # as requests encodes it, with its comma
             if size > MAX_LOG_BYTES_PER_REPORT and lines:

@@ -15,22 +15,21 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
+from gpu_worker.protocol.broker import PROFILE_NAME, queue_name
+from gpu_worker.protocol.compute import COMPUTE_TYPES, ComputeType
+from gpu_worker.protocol.usage import DEFAULT_REPORT_INTERVAL_SECONDS
+
 Device = Literal["cpu", "cuda"]
-# The order is the protocol's, and the order of the error message.
-ComputeType = Literal["float16", "float32", "int8", "int8_float16", "int8_float32", "bfloat16"]
 VadBackend = Literal["silero", "pyannote"]
 AlignmentDevice = Literal["cuda", "cpu", "none"]
 
 DEVICES: tuple[str, ...] = get_args(Device)
-COMPUTE_TYPES: tuple[str, ...] = get_args(ComputeType)
 VAD_BACKENDS: tuple[str, ...] = get_args(VadBackend)
 ALIGNMENT_DEVICES: tuple[str, ...] = get_args(AlignmentDevice)
 
-DEFAULT_REPORT_INTERVAL_SECONDS = 30.0
 # How long a SIGTERM waits for the running job before handing it back to the queue.
 DEFAULT_DRAIN_TIMEOUT_SECONDS = 600.0
 
-_PROFILE_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")  # same rule as the control plane's
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")  # ids go into URL paths
 _TOKEN = re.compile(r"^[0-9a-f]{64}$")  # HMAC-SHA256, hex
 
@@ -82,7 +81,7 @@ class RuntimeProfile(BaseModel):
     def queue(self) -> str:
         if self.profile is None:
             raise RuntimeError("no MURMUR_PROFILE: this runtime does not consume a queue")
-        return f"transcribe.{self.profile}"
+        return queue_name(self.profile)
 
     @property
     def torch_on_cuda(self) -> bool:
@@ -113,7 +112,7 @@ def load_runtime_profile(
     drain_timeout = reader.seconds("MURMUR_DRAIN_TIMEOUT", default=DEFAULT_DRAIN_TIMEOUT_SECONDS)
     profile = reader.text(
         "MURMUR_PROFILE",
-        _PROFILE_NAME.fullmatch,
+        PROFILE_NAME.fullmatch,
         "is not a profile name (lowercase letters, digits and '-', at most 40)",
         required=require_identity,
     )

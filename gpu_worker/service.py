@@ -24,10 +24,11 @@ from celery.signals import worker_shutting_down
 
 from gpu_worker.celery_app import make_celery
 from gpu_worker.client import ControlPlaneClient, ControlPlaneError, RuntimeMismatch
-from gpu_worker.heartbeat import HEARTBEAT_TIMEOUT, Heartbeat
+from gpu_worker.heartbeat import Heartbeat
 from gpu_worker.jobs import DrainDeadlineExceeded, JobContext, Outcome, process_job
 from gpu_worker.liveness import ConsumerWatch, consumer_liveness_step
 from gpu_worker.preflight import Preflight
+from gpu_worker.protocol.usage import REPORT_TIMEOUT
 from gpu_worker.reporter import start_usage_reporter
 from gpu_worker.runtime import RuntimeProfile, WorkerIdentity, image_pull_seconds
 from gpu_worker.state import Phase, WorkerState
@@ -99,7 +100,9 @@ def serve(preflight: Preflight, *, state: WorkerState | None = None, loglevel: s
             identity.worker_id,
             identity.instance_id,
             identity.token,
-            timeout=HEARTBEAT_TIMEOUT,
+            # A heartbeat waits no longer than a report: the fleet's silence rule counts one
+            # such timeout per interval (gpu_worker/protocol/usage.py).
+            timeout=REPORT_TIMEOUT,
         )
         heartbeat = Heartbeat(client, profile.report_interval_seconds, state)
         heartbeat.start()

@@ -15,28 +15,14 @@ import enum
 import importlib
 import logging
 import math
-import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, get_args
+from typing import Any, Protocol
 
-# Why a reading has no value. A closed set: the control plane rejects any other string, so a
-# reason can be a metric label without unbounded cardinality.
-MissingReason = Literal[
-    "nvml_not_installed",  # the pynvml module (package nvidia-ml-py) is not importable
-    "nvml_unavailable",  # libnvidia-ml is not there (no driver, no GPU passed to a container)
-    "nvml_driver_not_loaded",
-    "nvml_no_permission",
-    "nvml_error",  # any other NVML error (GPU lost, unknown, ...)
-    "not_supported",  # this board does not support this query
-    "no_gpu",  # NVML works and counts zero devices
-    "psutil_unavailable",  # psutil is not importable
-    "reading_failed",  # the call raised something else, or returned nonsense
-    "warming_up",  # a rate needs two samples; this is the first
-]
-MISSING_REASONS: tuple[str, ...] = get_args(MissingReason)
+from gpu_worker.protocol.redaction import clean_log_line
+from gpu_worker.protocol.usage import MAX_GPUS, MissingReason
 
 # NVML return codes (nvml.h), compared by value so no pynvml import is needed to classify.
 _NVML_NOT_SUPPORTED = 3
@@ -44,8 +30,6 @@ _NVML_NO_PERMISSION = 4
 _NVML_DRIVER_NOT_LOADED = 9
 _NVML_LIBRARY_NOT_FOUND = 12
 _NVML_FUNCTION_NOT_FOUND = 13
-# One worker drives one GPU (multi-GPU types are not allowed); a cap keeps a report bounded.
-MAX_GPUS = 16
 
 
 @dataclass(frozen=True)
@@ -283,33 +267,8 @@ class NvmlGpuSampler:
 
 # --- the log tail ----------------------------------------------------------------------------
 
-# A log line in the tail is at most this long; the control plane enforces the same bound.
-MAX_LOG_LINE = 400
 # Free-text arguments longer than this, or with whitespace, are masked (see `_safe_arg`).
 _MAX_TOKEN_ARG = 64
-
-_URL = re.compile(r"\b[A-Za-z][A-Za-z0-9+.\-]*://\S+")
-_BEARER = re.compile(r"(?i)\bbearer\s+\S+")
-_HEX_SECRET = re.compile(r"\b[0-9A-Fa-f]{32,}\b")
-_KEY_VALUE = re.compile(
-    r"(?i)\b(token|password|passwd|secret|signature|sig|api[_-]?key|access[_-]?key|"
-    r"authorization|credential)s?(\s*[=:]\s*)\S+"
-)
-_QUERY = re.compile(r"(/[^\s?]*)\?\S+")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
-
-
-def redact(text: str, secrets: Iterable[str] = ()) -> str:
-    """`text` without URLs, bearer tokens, long hex secrets, `key=value` secrets or queries."""
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "<secret>")
-    text = _URL.sub("<url>", text)
-    text = _BEARER.sub("Bearer <secret>", text)
-    text = _KEY_VALUE.sub(lambda m: f"{m.group(1)}{m.group(2)}<secret>", text)
-    text = _QUERY.sub(lambda m: f"{m.group(1)}?<redacted>", text)
-    text = _HEX_SECRET.sub("<secret>", text)
-    return text
 
 
 def _safe_arg(arg: object) -> object:
@@ -350,8 +309,7 @@ def render_record(record: logging.LogRecord, secrets: Iterable[str] = ()) -> str
     line = f"{when} {record.levelname} {record.name}: {message}"
     if record.exc_info and record.exc_info[0] is not None:
         line += f" [{record.exc_info[0].__name__}]"
-    line = _CONTROL.sub(" ", redact(line, secrets))
-    return line if len(line) <= MAX_LOG_LINE else line[: MAX_LOG_LINE - 1] + "…"
+    return clean_log_line(line, secrets)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """The control plane's Celery app: broker settings, reliability options, beat schedule.
 
 The same broker carries the `control` queue (reconcile, URL fetches, webhooks) and one
-`transcribe.<profile>` queue per profile, which only GPU workers consume.
+`transcribe.<profile>` queue per profile, which only GPU workers consume; the task and
+queue names and the visibility timeout are the wire contract's (gpu_worker/protocol/broker.py).
 """
 
 from __future__ import annotations
@@ -13,12 +14,9 @@ from celery import Celery
 from app.broker import celery_broker_settings
 from app.config import Settings, load_settings
 from app.redis_primary import broker_transport_options
+from gpu_worker.protocol.broker import VISIBILITY_TIMEOUT_SECONDS
 
 CONTROL_QUEUE = "control"
-TRANSCRIBE_TASK = "murmur.transcribe"
-
-# Longer than any job can take: kombu re-delivers an unacked message after this many seconds.
-VISIBILITY_TIMEOUT_SECONDS = 4 * 3600
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from celery import Celery
 from app.db import Database
 from app.models import Job, JobStatus, utcnow
 from app.transitions import move_job
-from tasks.celery_app import TRANSCRIBE_TASK
+from gpu_worker.protocol.broker import TRANSCRIBE_TASK, queue_name
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def dispatch_job(db: Database, celery: Celery, job_id: str, profile: str) -> boo
 def send_dispatched(db: Database, celery: Celery, job_id: str, profile: str) -> bool:
     """Send the message for a job already marked dispatched; on failure put it back to queued."""
     try:
-        celery.send_task(TRANSCRIBE_TASK, args=[job_id], queue=f"transcribe.{profile}", retry=False)
+        celery.send_task(TRANSCRIBE_TASK, args=[job_id], queue=queue_name(profile), retry=False)
     except Exception as exc:  # broker down: keep the job, reconcile dispatches it later
         log.warning("broker refused job %s for %s: %s", job_id, profile, type(exc).__name__)
         with db.session() as s:
@@ -110,7 +110,7 @@ def withdraw_messages(
     wanted = set(job_ids)
     if not wanted:
         return 0
-    queue = f"transcribe.{profile}"
+    queue = queue_name(profile)
     found: list[bytes] = []
     end = -1
     while end >= -scan_limit:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import re
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,3 +31,33 @@ def test_the_control_image_copies_what_the_control_plane_imports() -> None:
     needed = _imported_packages("app") | _imported_packages("tasks")
     assert "gpu_worker" in needed  # the wire contract lives in the worker package
     assert needed <= copied, f"not copied into the control image: {sorted(needed - copied)}"
+
+
+def test_the_worker_image_ships_the_wire_contract() -> None:
+    # The contract lives in gpu_worker/protocol/, so the worker image must copy the package.
+    dockerfile = (ROOT / "docker" / "worker.Dockerfile").read_text()
+    assert re.search(r"^COPY gpu_worker \./gpu_worker$", dockerfile, flags=re.MULTILINE)
+    assert (ROOT / "gpu_worker" / "protocol" / "__init__.py").is_file()
+
+
+def test_the_wire_contract_imports_nothing_heavy() -> None:
+    # Both images load it: pydantic, the standard library and the bounds, nothing else
+    # (no torch, faster-whisper, numpy, Celery or Flask).
+    allowed_first_party = {"gpu_worker.bounds", "gpu_worker.protocol"}
+    for path in (ROOT / "gpu_worker" / "protocol").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                if top == "gpu_worker":
+                    assert any(name.startswith(a) for a in allowed_first_party), (path, name)
+                else:
+                    assert top in ({"pydantic", "__future__"} | sys.stdlib_module_names), (
+                        path,
+                        name,
+                    )

@@ -20,7 +20,7 @@ from sqlalchemy import select
 
 from app.models import Job
 from gpu_worker.broker import unacked_keys
-from tasks.celery_app import TRANSCRIBE_TASK
+from gpu_worker.protocol.broker import TRANSCRIBE_TASK
 from tests.conftest import (
     API_TOKEN,
     FIXTURES,

@@ -57,22 +57,3 @@ def billed_seconds(server_type: str, seconds: float) -> float:
     known = SERVER_TYPES.get(server_type)
     step = known.billing_seconds if known is not None else 3600
     return float(math.ceil(seconds / step) * step)
-
-
-# Which compute types a device can run efficiently (CTranslate2's own rules, src/types.cc):
-# float16 needs capability >= 7.0; int8 needs >= 7.0 or exactly 6.1; bfloat16 needs >= 8.0.
-CPU_COMPUTE_TYPES = frozenset({"float32", "int8", "int8_float32"})
-
-
-def supported_compute_types(capability: tuple[int, int] | None) -> frozenset[str]:
-    """Compute types CTranslate2 accepts on a device of this CUDA capability (None = CPU)."""
-    if capability is None:
-        return CPU_COMPUTE_TYPES
-    types = {"float32"}
-    if capability >= (7, 0) or capability == (6, 1):
-        types |= {"int8", "int8_float32"}
-    if capability >= (7, 0):
-        types |= {"float16", "int8_float16"}
-    if capability >= (8, 0):
-        types |= {"bfloat16", "int8_bfloat16"}
-    return frozenset(types)

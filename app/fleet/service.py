@@ -24,6 +24,7 @@ from app.models import (
     WorkerState,
     server_gone,
 )
+from gpu_worker.protocol.broker import queue_name
 
 # Written by each reconcile run (tasks.fleet.reconcile), read here.
 PLAN_KEY = "murmur:fleet:plan"
@@ -83,7 +84,7 @@ def queue_depths(client: redis.Redis, names: list[str]) -> dict[str, int | None]
     try:
         pipe = client.pipeline(transaction=False)
         for name in names:
-            pipe.llen(f"transcribe.{name}")
+            pipe.llen(queue_name(name))
         return {n: int(v) for n, v in zip(names, pipe.execute(), strict=True)}
     except redis.RedisError:
         return dict.fromkeys(names)

@@ -44,7 +44,8 @@ from app.models import (
 )
 from app.observability import store
 from app.observability.exposition import SeriesFamily, encode_text
-from app.observability.schema import MISSING_REASONS
+from gpu_worker.protocol.broker import profile_of_queue, queue_name
+from gpu_worker.protocol.usage import MISSING_REASONS
 
 log = logging.getLogger(__name__)
 
@@ -242,7 +243,7 @@ class MurmurCollector:
         shared = store.read_shared_state(
             self._redis,
             [w.id for w in workers],
-            [f"transcribe.{name}" for name in profiles],
+            [queue_name(name) for name in profiles],
         )
         yield from self._jobs(job_rows, profiles, shared, now)
         yield from self._fleet(workers, profiles, shared, now)
@@ -320,7 +321,7 @@ class MurmurCollector:
                 [profile], max(now - first.timestamp(), 0.0) if first is not None else 0.0
             )
         for queue, length in shared.queue_messages.items():
-            messages.add_metric([queue.removeprefix("transcribe.")], float(length))
+            messages.add_metric([profile_of_queue(queue)], float(length))
         yield from (submitted, finished, unfinished, waiting, oldest, messages)
         yield from self._job_latency(profiles, shared)
 

@@ -29,7 +29,6 @@ import hashlib
 import json
 import logging
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -41,7 +40,8 @@ import redis
 from app.fleet.liveness import RECONCILED_KEY
 from app.fleet.service import PLAN_KEY
 from app.models import FINISHED_STATES, Job
-from app.observability.schema import UsageReport
+from gpu_worker.protocol.broker import PROFILE_NAME
+from gpu_worker.protocol.usage import UsageReport
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,6 @@ PROVISION_OUTCOMES = (
     "timeout",
     "error",
 )
-_PROFILE = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
 
 # Seconds; shared by job wait and job duration (a 4-hour file is the longest job).
 JOB_LATENCY_BUCKETS = (1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
@@ -235,7 +234,7 @@ def record_provision_attempt(r: redis.Redis, profile: str, outcome: str) -> None
     """Count one provisioning attempt (for the fleet); outcome from PROVISION_OUTCOMES."""
     if outcome not in PROVISION_OUTCOMES:
         raise ValueError(f"unknown provisioning outcome {outcome!r}")
-    if not _PROFILE.fullmatch(profile):
+    if not PROFILE_NAME.fullmatch(profile):
         raise ValueError(f"not a profile name: {profile!r}")
     r.hincrby(PROVISION_ATTEMPTS_KEY, f"{profile}|{outcome}", 1)
 

@@ -26,15 +26,13 @@ from app.jobs import service
 from app.models import Worker
 from app.observability import store
 from app.observability.collector import LIFECYCLE_PHASES, render_metrics
-from app.observability.redaction import clean_log_line
-from app.observability.schema import UsageReport
+from gpu_worker.protocol.redaction import clean_log_line
+from gpu_worker.protocol.usage import MAX_REPORT_BYTES, UsageReport
 
 log = logging.getLogger(__name__)
 
 observability_bp = Blueprint("observability", __name__)
 
-# A report is ~2 KB with one GPU; 50 log lines of at most 512 characters add ~30 KB.
-MAX_REPORT_BYTES = 64 * 1024
 _READ_CHUNK = 16 * 1024
 # ApiError codes of authenticate_worker -> rejection reason.
 _AUTH_REASONS = {
@@ -132,7 +130,8 @@ def _accept(svc: Services, worker_id: str) -> Response:
     if request.content_length is not None and request.content_length > MAX_REPORT_BYTES:
         raise _too_large(svc)
     usage = _parse(svc, _read_bounded(svc))
-    # The worker redacted its lines already; this is the control plane's own pass.
+    # The worker cleaned its lines already; this is the control plane's own pass, with the
+    # same rules (gpu_worker/protocol/redaction.py) and the presented credential as a secret.
     presented = bearer_token() or ""
     lines = [(line.number, clean_log_line(line.text, (presented,))) for line in usage.log]
     now = time.time()

@@ -12,6 +12,7 @@ from celery import Celery
 from app.config import Settings
 from app.db import Database
 from app.fleet.planner import FleetRules
+from gpu_worker.protocol.usage import heartbeat_timeout_seconds
 from tasks.providers import ProviderRegistry
 
 # How long a REQUESTED/CREATING row may exist: the provider calls of one create, plus slack.
@@ -50,24 +51,6 @@ class FleetServices:
             outage_timeout=timedelta(seconds=10 * obs.report_interval_seconds),
             max_hourly_eur=self.settings.budget.max_hourly_eur,
         )
-
-
-# How workers report (gpu_worker/reporter.py, a package the control plane does not ship; a
-# test keeps the two in step): every interval, jittered by up to this share, and a report
-# is given up after this many seconds.
-WORKER_REPORT_JITTER = 0.1
-WORKER_REPORT_TIMEOUT_SECONDS = 8.0
-
-
-def heartbeat_timeout_seconds(interval: float) -> float:
-    """Silence that means three reports in a row did not arrive, at their latest.
-
-    The reporter waits its (jittered) interval after each attempt returns, and a failed
-    attempt can take a whole timeout: three intervals at their longest, each with one
-    timeout. Two reports lost in a row (a network blip, an API restart) never get a worker
-    deleted.
-    """
-    return 3 * (interval * (1 + WORKER_REPORT_JITTER) + WORKER_REPORT_TIMEOUT_SECONDS)
 
 
 def process_services() -> FleetServices:

@@ -11,7 +11,8 @@ import redis
 
 from app.fleet.planner import Requeue, plan_fleet
 from app.models import JobStatus, WorkerState
-from tasks.celery_app import TRANSCRIBE_TASK, make_celery
+from gpu_worker.protocol.broker import TRANSCRIBE_TASK
+from tasks.celery_app import make_celery
 from tasks.dispatch import withdraw_messages
 from tasks.fleet.apply import apply_plan
 from tasks.fleet.lease import LeaseLost

@@ -15,7 +15,7 @@ from hypothesis import event, example, given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from app.observability.schema import UsageReport
+from gpu_worker.protocol.usage import UsageReport
 from tests.conftest import ADMIN_TOKEN, auth
 from tests.hostile import (
     PROPERTY_SETTINGS,

@@ -19,10 +19,10 @@ from celery.signals import after_setup_logger
 from pydantic import SecretStr
 
 import gpu_worker  # noqa: F401  (offline model loading, before faster-whisper is imported)
-from app.observability.schema import UsageReport
-from app.observability.views import MAX_REPORT_BYTES
 from gpu_worker.client import ClaimedJob
 from gpu_worker.jobs import JobContext, Outcome, process_job
+from gpu_worker.protocol.transcript import Transcript
+from gpu_worker.protocol.usage import MAX_REPORT_BYTES, UsageReport
 from gpu_worker.reporter import UsageReporter, start_usage_reporter
 from gpu_worker.state import Phase, WorkerState
 from gpu_worker.telemetry import (
@@ -31,7 +31,6 @@ from gpu_worker.telemetry import (
     LogTail,
     Reading,
 )
-from gpu_worker.protocol.transcript import Transcript
 from tests.conftest import FIXTURES, free_port, wait_for
 
 TOKEN = "cd" * 32

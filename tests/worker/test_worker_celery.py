@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from celery.exceptions import Reject
 
-from gpu_worker.celery_app import TRANSCRIBE_TASK, celery_config, make_celery
+from gpu_worker.celery_app import celery_config, make_celery
 from gpu_worker.jobs import DrainDeadlineExceeded, Outcome
+from gpu_worker.protocol.broker import TRANSCRIBE_TASK
 
 
 def test_settings_follow_the_protocol():

@@ -7,10 +7,10 @@ import pytest
 from gpu_worker.hardware import (
     DeviceFacts,
     check_hardware,
-    compute_types_for_capability,
     probe_device_facts,
     torch_supports_capability,
 )
+from gpu_worker.protocol.compute import supported_compute_types
 from gpu_worker.runtime import load_runtime_profile
 
 GIB = 1024**3
@@ -231,11 +231,11 @@ def test_torch_arch_rule(archs, capability, expected):
 
 
 def test_capability_rule_matches_ctranslate2():
-    assert compute_types_for_capability((6, 0)) == {"float32"}
-    assert compute_types_for_capability((6, 1)) == {"float32", "int8", "int8_float32"}
-    assert "float16" in compute_types_for_capability((7, 0))
-    assert "bfloat16" not in compute_types_for_capability((7, 5))
-    assert compute_types_for_capability(None) == {"float32", "int8", "int8_float32"}
+    assert supported_compute_types((6, 0)) == {"float32"}
+    assert supported_compute_types((6, 1)) == {"float32", "int8", "int8_float32"}
+    assert "float16" in supported_compute_types((7, 0))
+    assert "bfloat16" not in supported_compute_types((7, 5))
+    assert supported_compute_types(None) == {"float32", "int8", "int8_float32"}
 
 
 def test_probing_this_host_asks_ctranslate2():

@@ -16,7 +16,7 @@ import pytest
 import redis
 from celery import Celery
 
-from gpu_worker.celery_app import TRANSCRIBE_TASK
+from gpu_worker.protocol.broker import TRANSCRIBE_TASK
 
 pytestmark = pytest.mark.slow
 
