@@ -20,11 +20,15 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from app.fleet.catalog import SERVER_TYPES
 from gpu_worker.broker_tls import is_tls, verification_problem
 from gpu_worker.protocol.broker import PROFILE_NAME_PATTERN, queue_name
-from gpu_worker.protocol.compute import ComputeType, supported_compute_types
+from gpu_worker.protocol.claim import DEFAULT_MAX_AUDIO_SECONDS
+from gpu_worker.protocol.runtime import (
+    AlignmentDevice,
+    ComputeType,
+    VadBackend,
+    supported_compute_types,
+)
 from gpu_worker.protocol.usage import DEFAULT_REPORT_INTERVAL_SECONDS
 
-VadBackend = Literal["pyannote", "silero"]
-AlignmentDevice = Literal["cuda", "cpu", "none"]
 ProviderName = Literal["scaleway", "local"]
 
 # The minimum length of the scrape token (DESIGN §5) and of the other shared secrets.
@@ -94,7 +98,7 @@ class ApiSettings(_Strict):
     # The URL workers use to reach the control plane (signed audio URLs, results, reports).
     public_url: str = "http://127.0.0.1:8000"
     max_upload_bytes: int = Field(default=25 * 1024 * 1024, ge=1024)
-    max_audio_seconds: float = Field(default=4 * 3600, gt=0)
+    max_audio_seconds: float = Field(default=DEFAULT_MAX_AUDIO_SECONDS, gt=0)
     sync_timeout_seconds: float = Field(default=300.0, gt=0, le=590)
     # Synchronous transcriptions in progress per API process; each has its own server thread
     # on top of the general ones (app/server.py), and one more is answered 503 (docs/api.md).

@@ -21,6 +21,7 @@ from app.inputs import MAX_JSON_BYTES, json_problem, read_body
 from app.jobs import service
 from app.models import JobStatus, Worker, utcnow
 from gpu_worker.bounds import Seconds
+from gpu_worker.protocol.claim import ClaimedJob
 from gpu_worker.protocol.transcript import StorableText, Transcript
 
 internal_bp = Blueprint("internal", __name__, url_prefix="/internal")
@@ -110,21 +111,18 @@ def claim(worker_id: str, instance_id: str, job_id: str) -> Response:
         svc.settings.api.signed_url_ttl_seconds,
     )
     audio_url = f"{svc.settings.api.public_url.rstrip('/')}/internal/audio/{job.id}?{query}"
-    return jsonify(
-        {
-            "job": {
-                "id": job.id,
-                "language": job.language,
-                "prompt": job.prompt,
-                "word_timestamps": job.word_timestamps,
-                "duration_seconds": job.duration_seconds,
-                # The worker stops decoding past this (gpu_worker/audio.py), whatever the
-                # file claims: the probe's count is one defence, this is the second.
-                "max_audio_seconds": svc.settings.api.max_audio_seconds,
-                "audio_url": audio_url,
-            }
-        }
+    claimed = ClaimedJob(
+        id=job.id,
+        language=job.language,
+        prompt=job.prompt,
+        word_timestamps=job.word_timestamps,
+        duration_seconds=job.duration_seconds,
+        # The worker stops decoding past this (gpu_worker/audio.py), whatever the file
+        # claims: the probe's count is one defence, this is the second.
+        max_audio_seconds=svc.settings.api.max_audio_seconds,
+        audio_url=audio_url,
     )
+    return jsonify({"job": claimed.model_dump()})
 
 
 @internal_bp.post("/workers/<worker_id>/<instance_id>/jobs/<job_id>/release")

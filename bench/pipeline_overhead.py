@@ -32,8 +32,9 @@ importlib.import_module("gpu_worker")  # first: pins the hub offline before fast
 import jiwer  # noqa: E402
 
 from app.config import LOCAL_CPU_PROFILE  # noqa: E402
-from gpu_worker.audio import DEFAULT_MAX_SECONDS, decode_bounded  # noqa: E402
+from gpu_worker.audio import decode_bounded  # noqa: E402
 from gpu_worker.manifest import load_manifest, verify_asset  # noqa: E402
+from gpu_worker.protocol.claim import DEFAULT_MAX_AUDIO_SECONDS  # noqa: E402
 from gpu_worker.transcriber import BEAM_SIZE, FasterWhisperTranscriber  # noqa: E402
 
 FIXTURES = REPO / "tests/fixtures"
@@ -71,13 +72,13 @@ def main() -> int:
     audio_path = str(args.audio)
 
     def murmur_batched() -> str:
-        samples = decode_bounded(audio_path, DEFAULT_MAX_SECONDS)
+        samples = decode_bounded(audio_path, DEFAULT_MAX_AUDIO_SECONDS)
         transcript = batched.transcribe(samples, language="en", prompt=None, word_timestamps=False)
         transcript.to_json()
         return transcript.text
 
     def murmur() -> str:
-        samples = decode_bounded(audio_path, DEFAULT_MAX_SECONDS)
+        samples = decode_bounded(audio_path, DEFAULT_MAX_AUDIO_SECONDS)
         transcript = transcriber.transcribe(
             samples, language="en", prompt=None, word_timestamps=False
         )
@@ -123,7 +124,7 @@ def main() -> int:
     # WER of the profile's batched path against the sequential path, on both speech fixtures.
     for fixture in ("speech-short", "speech-90s"):
         reference = (FIXTURES / f"{fixture}.txt").read_text()
-        samples = decode_bounded(str(FIXTURES / f"{fixture}.wav"), DEFAULT_MAX_SECONDS)
+        samples = decode_bounded(str(FIXTURES / f"{fixture}.wav"), DEFAULT_MAX_AUDIO_SECONDS)
         options = {"language": "en", "prompt": None, "word_timestamps": False}
         sequential_wer = word_error_rate(reference, transcriber.transcribe(samples, **options).text)
         batched_wer = word_error_rate(reference, batched.transcribe(samples, **options).text)

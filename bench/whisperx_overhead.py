@@ -40,8 +40,9 @@ importlib.import_module("gpu_worker")  # first: pins the hub offline before any 
 import jiwer  # noqa: E402
 from faster_whisper import decode_audio  # noqa: E402
 
-from gpu_worker.audio import DEFAULT_MAX_SECONDS, decode_bounded  # noqa: E402
+from gpu_worker.audio import decode_bounded  # noqa: E402
 from gpu_worker.manifest import load_manifest, verify_asset  # noqa: E402
+from gpu_worker.protocol.claim import DEFAULT_MAX_AUDIO_SECONDS  # noqa: E402
 from gpu_worker.transcriber import (  # noqa: E402
     CHUNK_SECONDS,
     VAD_ONSET,
@@ -118,7 +119,7 @@ def main() -> int:
 
     def murmur(transcriber: Any, audio_path: str) -> Callable[[], str]:
         def run() -> str:
-            samples = decode_bounded(audio_path, DEFAULT_MAX_SECONDS)
+            samples = decode_bounded(audio_path, DEFAULT_MAX_AUDIO_SECONDS)
             transcript = transcriber.transcribe(
                 samples, language="en", prompt=None, word_timestamps=False
             )

@@ -34,8 +34,6 @@ from gpu_worker.decoding import (
 )
 
 SAMPLE_RATE = 16000
-# The limit when a claim carries none (an older control plane): its default api.max_audio_seconds.
-DEFAULT_MAX_SECONDS = 4 * 3600.0
 # Native samples resampled at a time: fewer resampler calls for small-frame codecs, and a
 # bounded amount held between decoder and buffer (4 MiB of float32 stereo at most).
 _GROUP_SAMPLES = 1 << 19

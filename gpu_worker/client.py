@@ -16,7 +16,9 @@ from typing import IO, Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import requests
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import SecretStr, ValidationError
+
+from gpu_worker.protocol.claim import ClaimedJob
 
 log = logging.getLogger(__name__)
 # urllib3 logs every request line, query string (audio signature) included, at DEBUG.
@@ -59,22 +61,6 @@ class AudioDownloadError(Exception):
 
 class AudioTooLarge(AudioDownloadError):
     pass
-
-
-class ClaimedJob(BaseModel):
-    """The job as the claim returns it: everything the task needs besides its id."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-    id: str
-    language: str | None = None
-    prompt: str | None = None
-    word_timestamps: bool = False
-    audio_url: str
-    duration_seconds: float | None = None
-    # The job's length limit; absent from an older control plane (the worker then applies
-    # gpu_worker.audio.DEFAULT_MAX_SECONDS).
-    max_audio_seconds: float | None = Field(default=None, gt=0, allow_inf_nan=False)
 
 
 def redact_url(url: str) -> str:

@@ -15,7 +15,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpu_worker.protocol.compute import COMPUTE_TYPES, CPU_COMPUTE_TYPES, supported_compute_types
+from gpu_worker.protocol.runtime import COMPUTE_TYPES, CPU_COMPUTE_TYPES, supported_compute_types
 from gpu_worker.runtime import RuntimeProfile
 
 log = logging.getLogger(__name__)

@@ -21,9 +21,10 @@ from typing import IO, Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from gpu_worker.audio import DEFAULT_MAX_SECONDS, AudioTooLong, decode_bounded
-from gpu_worker.client import AudioDownloadError, AudioTooLarge, ClaimedJob, ControlPlaneError
+from gpu_worker.audio import AudioTooLong, decode_bounded
+from gpu_worker.client import AudioDownloadError, AudioTooLarge, ControlPlaneError
 from gpu_worker.holding import CHECK_INTERVAL_SECONDS, CancelWatch, JobCancelled
+from gpu_worker.protocol.claim import DEFAULT_MAX_AUDIO_SECONDS, ClaimedJob
 from gpu_worker.protocol.transcript import Transcript
 from gpu_worker.state import JobEnd, WorkerState
 from gpu_worker.transcriber import SAMPLE_RATE, Checkpoint, Transcriber, UnsupportedLanguage
@@ -155,7 +156,7 @@ def _fetch_audio(client: ControlPlane, claim: ClaimedJob) -> npt.NDArray[np.floa
         raise JobFailure("audio_too_large", str(exc)) from None
     except AudioDownloadError as exc:
         raise JobFailure("audio_download_failed", str(exc)) from None
-    limit = claim.max_audio_seconds or DEFAULT_MAX_SECONDS
+    limit = claim.max_audio_seconds or DEFAULT_MAX_AUDIO_SECONDS
     with audio_file:
         try:
             return decode_bounded(audio_file, limit, expected_seconds=claim.duration_seconds)

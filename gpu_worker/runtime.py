@@ -16,16 +16,19 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from gpu_worker.protocol.broker import PROFILE_NAME, queue_name
-from gpu_worker.protocol.compute import COMPUTE_TYPES, ComputeType
+from gpu_worker.protocol.runtime import (
+    ALIGNMENT_DEVICES,
+    COMPUTE_TYPES,
+    VAD_BACKENDS,
+    AlignmentDevice,
+    ComputeType,
+    VadBackend,
+)
 from gpu_worker.protocol.usage import DEFAULT_REPORT_INTERVAL_SECONDS
 
 Device = Literal["cpu", "cuda"]
-VadBackend = Literal["silero", "pyannote"]
-AlignmentDevice = Literal["cuda", "cpu", "none"]
 
 DEVICES: tuple[str, ...] = get_args(Device)
-VAD_BACKENDS: tuple[str, ...] = get_args(VadBackend)
-ALIGNMENT_DEVICES: tuple[str, ...] = get_args(AlignmentDevice)
 
 # How long a SIGTERM waits for the running job before handing it back to the queue.
 DEFAULT_DRAIN_TIMEOUT_SECONDS = 600.0

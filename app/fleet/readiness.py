@@ -18,7 +18,7 @@ from app.fleet.catalog import SERVER_TYPES
 from app.fleet.planner import Death
 from app.models import ProfileState, Worker, WorkerState
 from app.transitions import move_worker
-from gpu_worker.protocol.compute import supported_compute_types
+from gpu_worker.protocol.runtime import supported_compute_types
 
 # The runtime fields that must equal the profile's (docs/worker-protocol.md, "Runtime").
 COMPARED_FIELDS = ("model", "compute_type", "vad", "alignment_device", "batch_size")

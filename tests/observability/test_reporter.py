@@ -19,8 +19,8 @@ from celery.signals import after_setup_logger
 from pydantic import SecretStr
 
 import gpu_worker  # noqa: F401  (offline model loading, before faster-whisper is imported)
-from gpu_worker.client import ClaimedJob
 from gpu_worker.jobs import JobContext, Outcome, process_job
+from gpu_worker.protocol.claim import ClaimedJob
 from gpu_worker.protocol.transcript import Transcript
 from gpu_worker.protocol.usage import MAX_REPORT_BYTES, UsageReport
 from gpu_worker.reporter import UsageReporter, start_usage_reporter

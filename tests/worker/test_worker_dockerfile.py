@@ -107,3 +107,9 @@ def test_the_image_starts_the_worker():
     assert keywords["ENTRYPOINT"] == '["python", "-m", "gpu_worker"]'
     assert keywords["CMD"] == '["run"]'
     assert keywords["FROM"].startswith("nvidia/cuda:12.6")
+
+
+def test_the_image_ships_the_wire_contract() -> None:
+    # The contract both sides import lives in gpu_worker/protocol/ (docs/worker-protocol.md).
+    assert "gpu_worker" in copied_sources()
+    assert (REPO / "gpu_worker" / "protocol" / "__init__.py").is_file()

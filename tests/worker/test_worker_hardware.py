@@ -10,7 +10,7 @@ from gpu_worker.hardware import (
     probe_device_facts,
     torch_supports_capability,
 )
-from gpu_worker.protocol.compute import supported_compute_types
+from gpu_worker.protocol.runtime import supported_compute_types
 from gpu_worker.runtime import load_runtime_profile
 
 GIB = 1024**3

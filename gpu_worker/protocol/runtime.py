@@ -1,8 +1,12 @@
-"""Which CTranslate2 compute types a device runs: one rule for the config check and the worker.
+"""The runtime a profile names and a worker runs with: closed sets, and compute types per device.
+
+A profile's settings (app/config.py) become the worker's environment (`MURMUR_COMPUTE_TYPE`,
+`MURMUR_VAD`, `MURMUR_ALIGNMENT_DEVICE`), which the worker validates (gpu_worker/runtime.py)
+and reports back at readiness, where the control plane compares them with the profile.
 
 Invariants:
-- `COMPUTE_TYPES` is the closed set a profile (and `MURMUR_COMPUTE_TYPE`) may name, in the
-  protocol's order (the order error messages list them in).
+- `COMPUTE_TYPES`, `VAD_BACKENDS` and `ALIGNMENT_DEVICES` are the closed sets both sides
+  accept, in the protocol's order (the order error messages list them in).
 - `supported_compute_types` is CTranslate2's own rule (src/types.cc): float16 needs CUDA
   capability >= 7.0; int8 needs >= 7.0 or exactly 6.1; bfloat16 needs >= 8.0. The control
   plane refuses a profile whose server type cannot run its compute type, and the worker
@@ -14,7 +18,12 @@ from __future__ import annotations
 from typing import Literal, get_args
 
 ComputeType = Literal["float16", "float32", "int8", "int8_float16", "int8_float32", "bfloat16"]
+VadBackend = Literal["silero", "pyannote"]
+AlignmentDevice = Literal["cuda", "cpu", "none"]
+
 COMPUTE_TYPES: tuple[str, ...] = get_args(ComputeType)
+VAD_BACKENDS: tuple[str, ...] = get_args(VadBackend)
+ALIGNMENT_DEVICES: tuple[str, ...] = get_args(AlignmentDevice)
 
 CPU_COMPUTE_TYPES = frozenset({"float32", "int8", "int8_float32"})
 

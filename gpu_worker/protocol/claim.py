@@ -1,0 +1,32 @@
+"""What a successful claim hands the worker: the job, as `POST .../jobs/<id>/claim` answers it.
+
+Invariants:
+- The control plane builds the answer's `job` with `ClaimedJob` (app/internal.py) and the
+  worker parses it with the same model (gpu_worker/client.py): one field list.
+- Unknown fields are ignored, so a newer control plane may add some; fields an older
+  control plane did not send have defaults. Without `max_audio_seconds` the worker applies
+  `DEFAULT_MAX_AUDIO_SECONDS`, the control plane's own default `api.max_audio_seconds`.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# The longest audio accepted when nothing else says (4 h).
+DEFAULT_MAX_AUDIO_SECONDS = 4 * 3600.0
+
+
+class ClaimedJob(BaseModel):
+    """The job as the claim returns it: everything the task needs besides its id."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    id: str
+    language: str | None = None
+    prompt: str | None = None
+    word_timestamps: bool = False
+    # Signed, expiring and bound to this claim (docs/worker-protocol.md).
+    audio_url: str
+    duration_seconds: float | None = None
+    # The job's length limit: the worker stops decoding past it (gpu_worker/audio.py).
+    max_audio_seconds: float | None = Field(default=None, gt=0, allow_inf_nan=False)
