@@ -7,8 +7,9 @@ and reports back at readiness, where the control plane compares them with the pr
 Invariants:
 - `COMPUTE_TYPES`, `VAD_BACKENDS` and `ALIGNMENT_DEVICES` are the closed sets both sides
   accept, in the protocol's order (the order error messages list them in).
-- `supported_compute_types` is CTranslate2's own rule (src/types.cc): float16 needs CUDA
-  capability >= 7.0; int8 needs >= 7.0 or exactly 6.1; bfloat16 needs >= 8.0. The control
+- `supported_compute_types` is CTranslate2's capability rule (docs/runtime.md, "Checks, in
+  order"): float16 needs CUDA capability >= 7.0; int8 needs >= 7.0 or exactly 6.1; bfloat16
+  needs >= 8.0. The control
   plane refuses a profile whose server type cannot run its compute type, and the worker
   refuses to start on such a device, by the same function.
 """
