@@ -19,6 +19,7 @@ from gpu_worker.protocol.broker import PROFILE_NAME, queue_name
 from gpu_worker.protocol.runtime import (
     ALIGNMENT_DEVICES,
     COMPUTE_TYPES,
+    DEFAULT_DRAIN_TIMEOUT_SECONDS,
     VAD_BACKENDS,
     AlignmentDevice,
     ComputeType,
@@ -30,8 +31,6 @@ Device = Literal["cpu", "cuda"]
 
 DEVICES: tuple[str, ...] = get_args(Device)
 
-# How long a SIGTERM waits for the running job before handing it back to the queue.
-DEFAULT_DRAIN_TIMEOUT_SECONDS = 600.0
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")  # ids go into URL paths
 _TOKEN = re.compile(r"^[0-9a-f]{64}$")  # HMAC-SHA256, hex

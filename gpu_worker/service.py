@@ -28,6 +28,7 @@ from gpu_worker.heartbeat import Heartbeat
 from gpu_worker.jobs import DrainDeadlineExceeded, JobContext, Outcome, process_job
 from gpu_worker.liveness import ConsumerWatch, consumer_liveness_step
 from gpu_worker.preflight import Preflight
+from gpu_worker.protocol.runtime import EXIT_RUNTIME_MISMATCH
 from gpu_worker.protocol.usage import REPORT_TIMEOUT
 from gpu_worker.reporter import start_usage_reporter
 from gpu_worker.runtime import RuntimeProfile, WorkerIdentity, image_pull_seconds
@@ -38,7 +39,6 @@ log = logging.getLogger(__name__)
 
 EXIT_OK = 0
 EXIT_FAILED = 1
-EXIT_RUNTIME_MISMATCH = 3
 
 
 class Drain:

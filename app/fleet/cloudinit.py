@@ -22,17 +22,13 @@ from app.credentials import InstanceCredential
 from app.fleet.catalog import SERVER_TYPES
 from app.redis_primary import broker_url
 from gpu_worker.broker_tls import is_tls
+from gpu_worker.protocol.runtime import DEFAULT_DRAIN_TIMEOUT_SECONDS, EXIT_RUNTIME_MISMATCH
 
 # Scaleway documents no user-data size limit; we keep ours far below the common 16 KiB cap.
 USER_DATA_LIMIT_BYTES = 16 * 1024
 
 PULL_SECONDS_VAR = "MURMUR_IMAGE_PULL_SECONDS"
 DRAIN_TIMEOUT_VAR = "MURMUR_DRAIN_TIMEOUT"
-# The worker's own default (gpu_worker/runtime.py; a test keeps the two in step), written
-# into the env file so the unit's stop timeout and the worker's drain agree.
-WORKER_DRAIN_TIMEOUT_SECONDS = 600.0
-# gpu_worker/service.py's exit status when the control plane refuses the worker's runtime.
-EXIT_RUNTIME_MISMATCH = 3
 STOP_MARGIN_SECONDS = 30
 PULL_TIMEOUT_SECONDS = 1800
 UNIT_NAME = "murmur-worker.service"
@@ -107,7 +103,8 @@ def render_user_data(env: dict[str, str], profile: Profile) -> str:
         raise ValueError(f"profile {profile.name}: worker_image: {problem}")
     stype = SERVER_TYPES.get(profile.server_type)
     gpus = stype is not None and stype.gpu is not None
-    env = {DRAIN_TIMEOUT_VAR: f"{WORKER_DRAIN_TIMEOUT_SECONDS:g}", **env}
+    # Written into the env file so the unit's stop timeout and the worker's drain agree.
+    env = {DRAIN_TIMEOUT_VAR: f"{DEFAULT_DRAIN_TIMEOUT_SECONDS:g}", **env}
     ca_file = ""
     if env.get(BROKER_CA_VAR):
         ca_file = _file(BROKER_CA_FILE, "0644", _read_ca(env[BROKER_CA_VAR]))

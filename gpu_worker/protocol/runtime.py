@@ -12,6 +12,9 @@ Invariants:
   needs >= 8.0. The control
   plane refuses a profile whose server type cannot run its compute type, and the worker
   refuses to start on such a device, by the same function.
+- The worker process and the unit that runs it agree on `DEFAULT_DRAIN_TIMEOUT_SECONDS` (the
+  unit's stop timeout outlasts it) and on `EXIT_RUNTIME_MISMATCH` (the unit does not restart
+  a worker the control plane refused).
 """
 
 from __future__ import annotations
@@ -25,6 +28,11 @@ AlignmentDevice = Literal["cuda", "cpu", "none"]
 COMPUTE_TYPES: tuple[str, ...] = get_args(ComputeType)
 VAD_BACKENDS: tuple[str, ...] = get_args(VadBackend)
 ALIGNMENT_DEVICES: tuple[str, ...] = get_args(AlignmentDevice)
+
+# How long a SIGTERM waits for the running job before handing it back (MURMUR_DRAIN_TIMEOUT).
+DEFAULT_DRAIN_TIMEOUT_SECONDS = 600.0
+# The worker's exit status when the control plane refuses its runtime (409 runtime_mismatch).
+EXIT_RUNTIME_MISMATCH = 3
 
 CPU_COMPUTE_TYPES = frozenset({"float32", "int8", "int8_float32"})
 

@@ -23,8 +23,8 @@ from app.config import Settings, worker_image_problem
 from app.credentials import InstanceCredential
 from app.fleet import cloudinit
 from app.fleet.cloudinit import render_user_data, worker_environment
-from gpu_worker.runtime import DEFAULT_DRAIN_TIMEOUT_SECONDS, image_pull_seconds
-from gpu_worker.service import EXIT_RUNTIME_MISMATCH
+from gpu_worker.protocol.runtime import DEFAULT_DRAIN_TIMEOUT_SECONDS, EXIT_RUNTIME_MISMATCH
+from gpu_worker.runtime import image_pull_seconds
 from tests.fleet.conftest import L4, P100, WORKER_IMAGE
 from tests.fleet.test_config import GROUPS, SECRETS, problems_of, profile
 
@@ -210,11 +210,6 @@ def test_an_env_value_on_two_lines_is_refused() -> None:
     env = {**worker_environment(settings, profile, "wrk_1", "inst-1"), "MURMUR_X": "a\nB=c"}
     with pytest.raises(ValueError, match="MURMUR_X"):
         render_user_data(env, profile)
-
-
-def test_the_control_plane_and_the_worker_agree_on_drain_and_exit_status() -> None:
-    assert cloudinit.WORKER_DRAIN_TIMEOUT_SECONDS == DEFAULT_DRAIN_TIMEOUT_SECONDS
-    assert cloudinit.EXIT_RUNTIME_MISMATCH == EXIT_RUNTIME_MISMATCH
 
 
 # -- validate-config --------------------------------------------------------------------------
