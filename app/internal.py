@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from flask import Blueprint, Response, jsonify, request, send_file
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from app.auth import authenticate_worker
 from app.context import services
@@ -22,7 +22,8 @@ from app.jobs import service
 from app.models import JobStatus, Worker, utcnow
 from gpu_worker.bounds import Seconds
 from gpu_worker.protocol.claim import ClaimedJob
-from gpu_worker.protocol.transcript import StorableText, Transcript
+from gpu_worker.protocol.failure import Failure
+from gpu_worker.protocol.transcript import Transcript
 
 internal_bp = Blueprint("internal", __name__, url_prefix="/internal")
 
@@ -36,12 +37,6 @@ class _Result(BaseModel):
     # models ignore them); the envelope itself is ours and stays strict.
     transcript: Transcript
     processing_seconds: Seconds
-
-
-class _Failure(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    code: str = Field(pattern=r"^[a-z0-9_]{1,64}$")
-    message: StorableText = Field(max_length=2000)
 
 
 class _Ready(BaseModel):
@@ -192,7 +187,7 @@ def result(worker_id: str, instance_id: str, job_id: str) -> Response:
 @internal_bp.post("/workers/<worker_id>/<instance_id>/jobs/<job_id>/failure")
 def failure(worker_id: str, instance_id: str, job_id: str) -> Response:
     worker = authenticate_worker(worker_id, instance_id)
-    body: _Failure = _body(_Failure)
+    body: Failure = _body(Failure)
     svc = services()
     stored = service.store_failure(svc.db, job_id, worker.id, body.code, body.message)
     if stored:

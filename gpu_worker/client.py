@@ -19,6 +19,7 @@ import requests
 from pydantic import SecretStr, ValidationError
 
 from gpu_worker.protocol.claim import ClaimedJob
+from gpu_worker.protocol.failure import MAX_FAILURE_MESSAGE
 
 log = logging.getLogger(__name__)
 # urllib3 logs every request line, query string (audio signature) included, at DEBUG.
@@ -35,7 +36,6 @@ DEFAULT_MAX_AUDIO_BYTES = 1024 * 1024 * 1024
 # Audio up to this size stays in memory; larger files spill to a temporary file.
 SPOOL_BYTES = 32 * 1024 * 1024
 _CHUNK = 1024 * 1024
-MAX_FAILURE_MESSAGE = 2000
 
 
 class ControlPlaneError(Exception):

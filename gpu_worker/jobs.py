@@ -25,6 +25,7 @@ from gpu_worker.audio import AudioTooLong, decode_bounded
 from gpu_worker.client import AudioDownloadError, AudioTooLarge, ControlPlaneError
 from gpu_worker.holding import CHECK_INTERVAL_SECONDS, CancelWatch, JobCancelled
 from gpu_worker.protocol.claim import DEFAULT_MAX_AUDIO_SECONDS, ClaimedJob
+from gpu_worker.protocol.failure import CANCELLED, FailureCode
 from gpu_worker.protocol.transcript import Transcript
 from gpu_worker.state import JobEnd, WorkerState
 from gpu_worker.transcriber import SAMPLE_RATE, Checkpoint, Transcriber, UnsupportedLanguage
@@ -50,7 +51,7 @@ class DrainDeadlineExceeded(BaseException):
 class JobFailure(Exception):
     """A job-level error with the code the control plane records."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: FailureCode, message: str) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
@@ -108,7 +109,7 @@ def process_job(job_id: str, context: JobContext) -> Outcome:
             log.info("job %s: %s; stopped without a result", job_id, stop)
             # The control plane stores nothing for a job it let go of; the call tells it this
             # worker is free (docs/worker-protocol.md).
-            context.client.post_failure(job_id, "cancelled", "stopped: the job was cancelled")
+            context.client.post_failure(job_id, CANCELLED, "stopped: the job was cancelled")
             return Outcome.CANCELLED  # usage reports count it with the failed: not a success
         except JobFailure as failure:
             log.warning("job %s failed: %s: %s", job_id, failure.code, failure.message)

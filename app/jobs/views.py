@@ -22,18 +22,13 @@ from app.jobs.waiting import Waited, client_socket, sync_slots, wait_for_job
 from app.languages import WHISPER_LANGUAGES, is_english_only
 from app.models import JobStatus
 from app.urls import check_url
+from gpu_worker.protocol.failure import CLIENT_FAILURES
 
 log = logging.getLogger(__name__)
 
 jobs_bp = Blueprint("jobs", __name__)
 
 OPENAI_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
-# Job failures caused by what the client sent (answered 400, not 502, by the sync endpoint).
-# audio_too_large: the download passed the worker's byte cap; audio_too_long: the decoded audio
-# passed the job's length limit (gpu_worker/audio.py).
-_CLIENT_FAILURES = frozenset(
-    {"audio_decode_failed", "audio_too_large", "audio_too_long", "unsupported_language"}
-)
 _JSON_FIELDS = {"url", "language", "webhook_url", "word_timestamps", "prompt"}
 _FORM_FIELDS = {"language", "webhook_url", "word_timestamps", "prompt"}
 _TRUE = {"1", "true", "yes", "on"}
@@ -409,7 +404,7 @@ def _sync_answer(waited: Waited, fmt: str, granularities: set[str], timeout: flo
             headers=no_retry,
         )
     if finished.status == JobStatus.FAILED.value:
-        client_fault = finished.error_code in _CLIENT_FAILURES
+        client_fault = finished.error_code in CLIENT_FAILURES
         raise ApiError(
             # 502: the API is fine, the transcription behind it failed.
             400 if client_fault else 502,
