@@ -26,6 +26,7 @@ from scaleway.instance.v1.custom_api import InstanceUtilsV1API
 from app.config import Profile, Settings
 from app.fleet.cloudinit import render_user_data
 from app.fleet.planner import STOPPED_STATES, stock_detail
+from gpu_worker.protocol.redaction import redact
 from tasks.providers.base import (
     FLEET_TAG,
     PROFILE_TAG,
@@ -78,18 +79,15 @@ class _Busy(ProviderError):
 
 # A provider error's detail is shown in last_error, /v1/fleet and the logs: bounded, one line.
 MAX_DETAIL = 300
-_URL = re.compile(r"\b[A-Za-z][A-Za-z0-9+.\-]*://\S+")
-_SECRETISH = re.compile(r"(?i)\b(SCW[A-Z0-9]{17})\b|\b[0-9A-Fa-f]{32,}\b")
+# Scaleway access keys; URLs, hex tokens and `key=value` secrets go by the log-line rules
+# (gpu_worker/protocol/redaction.py).
+_ACCESS_KEY = re.compile(r"(?i)\bSCW[A-Z0-9]{17}\b")
 _SPACE = re.compile(r"\s+")
 
 
 def redact_detail(text: str, secrets: Collection[str] = ()) -> str:
     """`text` on one line, without secrets, URLs or long hex tokens, at most MAX_DETAIL chars."""
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "<secret>")
-    text = _URL.sub("<url>", text)
-    text = _SECRETISH.sub("<secret>", text)
+    text = _ACCESS_KEY.sub("<secret>", redact(text, secrets))
     text = _SPACE.sub(" ", text).strip()
     return text if len(text) <= MAX_DETAIL else text[: MAX_DETAIL - 1] + "…"
 
