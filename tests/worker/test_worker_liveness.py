@@ -122,14 +122,15 @@ def _eventually(condition, seconds: float = 5.0) -> bool:
 
 def test_no_heartbeat_is_sent_while_the_consumer_is_stalled(control_plane, cpu_env):
     from gpu_worker.client import ControlPlaneClient
-    from gpu_worker.heartbeat import HEARTBEAT_TIMEOUT, Heartbeat
+    from gpu_worker.heartbeat import Heartbeat
+    from gpu_worker.protocol.usage import REPORT_TIMEOUT
 
     client = ControlPlaneClient(
         control_plane.url,
         cpu_env["MURMUR_WORKER_ID"],
         cpu_env["MURMUR_INSTANCE_ID"],
         SecretStr(cpu_env["MURMUR_WORKER_TOKEN"]),
-        timeout=HEARTBEAT_TIMEOUT,
+        timeout=REPORT_TIMEOUT,
     )
     state = WorkerState()
     heartbeat = Heartbeat(client, interval_seconds=30, state=state)
