@@ -3,9 +3,12 @@
 An instance credential is HMAC-SHA256(signing key, "worker:<worker id>:<instance id>"): it is
 bound to one worker on one provider instance, needs no storage, and rotating the signing key
 revokes every credential at once. Signed audio URLs use the same key under another label, so
-neither can be replayed as the other. A signed audio URL is bound to the claim that issued it
-(job, worker and attempt number): a URL from an earlier claim of the same job verifies, but no
-longer matches the job's row. Comparisons are constant-time.
+neither can be replayed as the other. A worker's own broker (Redis ACL) password is the same
+key's HMAC under the label "broker" of "<broker database>:<worker id>": the control plane can
+re-create that user with the same password whenever the broker lost it, without storing it
+anywhere, and rotating the key changes every such password too. A signed audio URL is bound
+to the claim that issued it (job, worker and attempt number): a URL from an earlier claim of
+the same job verifies, but no longer matches the job's row. Comparisons are constant-time.
 """
 
 from __future__ import annotations
@@ -41,6 +44,13 @@ def verify_instance_credential(
 ) -> bool:
     expected = InstanceCredential.derive(signing_key, worker_id, instance_id).token
     return hmac.compare_digest(expected.encode(), presented.encode())
+
+
+def broker_password(signing_key: str, db: int, worker_id: str) -> str:
+    """The password of worker `worker_id`'s own Redis user on broker database `db` (hex)."""
+    if not signing_key:  # an HMAC under an empty key would be anyone's to compute
+        raise ValueError("no signing key: a worker's broker password is derived from it")
+    return _mac(signing_key, "broker", f"{db}:{worker_id}")
 
 
 def _audio_message(job_id: str, worker_id: str, attempt: int, expires: int) -> str:

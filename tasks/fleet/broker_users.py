@@ -1,24 +1,40 @@
-"""Each worker's own Redis ACL user: created before its server, deleted when it is retired.
+"""Each worker's own Redis ACL user: created before its server, deleted when it is retired,
+re-created whenever the broker lost it.
 
 A worker's user may consume its profile's queue, keep that queue's in-flight messages under
 the queue's own `unacked*` keys (gpu_worker/broker.py) and publish Celery events — never the
 control queue, another profile's queue or in-flight messages, remote control (`celery.pidbox`:
 workers and the control worker run without it), the control plane's own keys or other
 workers' snapshots (see docs/deploy-workers.md, "Broker TLS and users").
-Its password is random, is never stored by the control plane, and travels only in that
-worker's user data. ACL users are server-wide, so names carry the broker's database number
+Its password is derived, never drawn nor stored: HMAC-SHA256 of the signing key under the
+label "broker" of "<db>:<worker id>" (app/credentials.py, `broker_password`). It travels only
+in that worker's user data and in the `ACL SETUSER` command; no log line, metric or error
+message carries it. ACL users are server-wide, so names carry the broker's database number
 (`murmur-worker-db<N>-<worker id>`): deployments on other databases of the same Redis server
-never touch each other's users. Invariant: a user named `user_name(<worker id>, db)` exists
-only while its worker row is not deleted; `sweep` (every reconcile) removes any other user
-with this database's prefix. The control plane's own Redis user must be allowed
-`ACL SETUSER | DELUSER | USERS`.
+never touch each other's users.
+
+Invariants:
+- a user named `user_name(<worker id>, db)` exists only while its worker row is not deleted;
+  `sweep` (every reconcile) removes any other user with this database's prefix;
+- ACL users live only in the Redis server's memory: a broker restart (crash included) or a
+  Sentinel failover (the replica never had them) loses them all. Every reconcile therefore
+  re-creates, with the same name, password and rules, the user of each live worker (a state
+  of LIVE_WORKER_STATES, not deleted) of a profile that uses one and has none, and logs each
+  at WARNING. A worker whose connection dropped reconnects with the URL it already holds and
+  consumes again from the next reconcile on. A re-created user whose row was deleted
+  meanwhile is deleted again before the sweep returns;
+- the password follows the signing key: after a key rotation a re-created user has a
+  password the running workers do not know. That rotation revokes every running worker's
+  instance credential anyway, and the fleet replaces them all (docs/operations.md,
+  "Signing key"); their successors get passwords of the new key.
+
+The control plane's own Redis user must be allowed `ACL SETUSER | DELUSER | USERS`.
 """
 
 from __future__ import annotations
 
 import logging
-import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -27,7 +43,8 @@ import redis
 from sqlalchemy import select
 
 from app.config import Profile, Settings
-from app.models import Worker
+from app.credentials import broker_password
+from app.models import LIVE_WORKER_STATES, Worker
 from gpu_worker.broker import unacked_keys
 from tasks.fleet.services import FleetServices
 from tasks.providers.base import ProviderError
@@ -161,10 +178,14 @@ def _acl(client: redis.Redis, *args: str) -> Any:
     return client.execute_command("ACL", *args)  # type: ignore[no-untyped-call]
 
 
-def create_user(client: redis.Redis, base_url: str, queue: str, worker_id: str) -> BrokerUser:
-    """Create (or reset) the worker's user with a fresh random password."""
+def create_user(
+    client: redis.Redis, base_url: str, queue: str, worker_id: str, signing_key: str
+) -> BrokerUser:
+    """Create (or reset) the worker's user, with the password derived from `signing_key`.
+
+    The same arguments always give the same user: re-creating it lets the worker's URL in."""
     db = broker_db(base_url)
-    user = BrokerUser(user_name(worker_id, db), secrets.token_hex(32))
+    user = BrokerUser(user_name(worker_id, db), broker_password(signing_key, db, worker_id))
     # `reset` first: a user left by an earlier attempt keeps no old password or rule.
     _acl(
         client,
@@ -218,8 +239,11 @@ def provision_user(svc: FleetServices, profile: Profile, worker_id: str) -> Brok
     """Create the worker's user when its profile uses one; None when it does not."""
     if not enabled(svc.settings, profile):
         return None
+    key = svc.settings.reveal("signing_key")
+    if not key:
+        raise BrokerUserError("broker: no signing key to derive the worker's Redis password from")
     try:
-        return create_user(svc.redis, _base_url(svc.settings), profile.queue, worker_id)
+        return create_user(svc.redis, _base_url(svc.settings), profile.queue, worker_id, key)
     except redis.RedisError as exc:
         # The reason names the failure, never the command (it carries the password).
         raise BrokerUserError(
@@ -245,18 +269,74 @@ def retire_user(svc: FleetServices, worker_id: str) -> None:
 
 
 def sweep_users(svc: FleetServices) -> list[str]:
-    """Remove the users of workers that are deleted or unknown (crash, lost teardown)."""
+    """Remove the users of workers that are deleted or unknown (crash, lost teardown), and
+    re-create those of live workers the broker lost (`restore_users`); the ids removed."""
     if not in_use(svc.settings):
         return []
     base_url = _base_url(svc.settings)
     try:
         users = list_users(svc.redis, base_url)  # first: see `sweep`
         with svc.db.session() as s:
-            keep = list(s.scalars(select(Worker.id).where(Worker.deleted_at.is_(None))))
-        return sweep(svc.redis, base_url, users, keep)
+            rows = s.execute(
+                select(Worker.id, Worker.profile, Worker.state).where(Worker.deleted_at.is_(None))
+            ).all()
+        removed = sweep(svc.redis, base_url, users, [row.id for row in rows])
+        live = [(row.id, row.profile) for row in rows if row.state in LIVE_WORKER_STATES]
+        restore_users(svc, base_url, users, live)
+        return removed
     except redis.RedisError as exc:
         log.warning("fleet: cannot sweep broker users: %s", type(exc).__name__)
         return []
+
+
+def restore_users(
+    svc: FleetServices, base_url: str, users: Iterable[str], live: Sequence[tuple[str, str]]
+) -> list[str]:
+    """Re-create the user of each live worker (id, profile name) missing from `users`.
+
+    `users` was listed before the rows in `live` were read: a user created in between (a
+    worker being provisioned) is reset to the same password and rules, which changes
+    nothing. A worker retired in between has its row deleted before its user (tasks.fleet.
+    apply), so the re-read below sees it and its user is deleted again. The ids re-created.
+    """
+    have = set(users)
+    missing = [
+        (worker_id, profile)
+        for worker_id, name in live
+        if worker_id not in have and (profile := _profile(svc.settings, name)) is not None
+    ]
+    if not missing:
+        return []
+    key = svc.settings.reveal("signing_key")
+    if not key:
+        log.warning("fleet: no signing key: cannot re-create %d broker user(s)", len(missing))
+        return []
+    for worker_id, profile in missing:
+        create_user(svc.redis, base_url, profile.queue, worker_id, key)
+        log.warning(
+            "fleet: re-created worker %s's broker user (the broker had lost it: "
+            "restart or failover)",
+            worker_id,
+        )
+    restored = [worker_id for worker_id, _ in missing]
+    with svc.db.session() as s:
+        retired = set(
+            s.scalars(
+                select(Worker.id).where(Worker.id.in_(restored), Worker.deleted_at.is_not(None))
+            )
+        )
+    if retired:
+        _acl(svc.redis, "DELUSER", *(user_name(w, broker_db(base_url)) for w in retired))
+    return [worker_id for worker_id in restored if worker_id not in retired]
+
+
+def _profile(settings: Settings, name: str) -> Profile | None:
+    """The worker's profile if it is configured and gives its workers a user of their own."""
+    try:
+        profile = settings.profile(name)
+    except KeyError:
+        return None
+    return profile if enabled(settings, profile) else None
 
 
 def _base_url(settings: Settings) -> str:

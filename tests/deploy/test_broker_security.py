@@ -310,7 +310,9 @@ def _worker_user_data(broker: Broker, worker_id: str) -> tuple[dict[str, str], d
         api={"public_url": "https://murmur.example.com"},
     )
     profile = settings.profile("l4-par2")
-    user = broker_users.create_user(broker.control(), broker.url(), profile.queue, worker_id)
+    user = broker_users.create_user(
+        broker.control(), broker.url(), profile.queue, worker_id, settings.reveal("signing_key")
+    )
     url = broker_users.worker_broker_url(settings, user)
     env = worker_environment(settings, profile, worker_id, "inst-1", url)
     config = yaml.safe_load(render_user_data(env, profile))

@@ -633,7 +633,9 @@ def test_every_command_of_the_operations_guide(stack: Stack) -> None:  # noqa: P
     # Redis: a worker's user, listed and cut off.
     admin = _control(stack, new_password)
     control_url = f"rediss://localhost:{stack.redis_port}/0"
-    user = broker_users.create_user(admin, control_url, "transcribe.l4-par2", "wrk_leaked")
+    user = broker_users.create_user(
+        admin, control_url, "transcribe.l4-par2", "wrk_leaked", _read(s / "signing_key")
+    )
     assert user.name == "murmur-worker-db0-wrk_leaked"
     assert (
         "murmur-worker-db0-wrk_leaked"

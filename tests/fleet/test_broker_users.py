@@ -8,13 +8,14 @@ in subprocesses.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +25,15 @@ from celery import Celery
 from sqlalchemy import event
 
 from app.config import LOCAL_CPU_PROFILE, Settings
+from app.credentials import InstanceCredential, broker_password
+from app.models import WorkerState
 from app.observability.store import snapshot_key
+from app.transitions import move_worker
 from gpu_worker.broker import unacked_keys
 from tasks.fleet import broker_users
+from tasks.fleet.apply import _teardown
 from tasks.fleet.reconcile import LOCK_KEY
-from tests.fleet.conftest import L4, Fleet, MakeFleet
+from tests.fleet.conftest import L4, SIGNING_KEY, Fleet, MakeFleet
 
 CONTROL_PASSWORD = "control-plane-password-" + "c" * 24
 WORKER_SCRIPT = """
@@ -140,7 +145,9 @@ def test_a_worker_user_runs_a_real_celery_worker_and_reaches_nothing_else(
     control.set(snapshot_key("wrk_b"), "{}")
     control.rpush("transcribe.b", "someone else's job")
 
-    user = broker_users.create_user(control, acl_redis.base_url, "transcribe.a", "wrk_a")
+    user = broker_users.create_user(
+        control, acl_redis.base_url, "transcribe.a", "wrk_a", SIGNING_KEY
+    )
     out = tmp_path / "jobs.txt"
     worker = subprocess.Popen(
         [sys.executable, "-c", WORKER_SCRIPT, user.url(acl_redis.base_url), "transcribe.a",
@@ -201,7 +208,9 @@ def test_a_worker_user_runs_a_real_celery_worker_and_reaches_nothing_else(
 
 
 def test_deleting_the_user_closes_its_connections(acl_redis: AclRedis) -> None:
-    user = broker_users.create_user(acl_redis.control, acl_redis.base_url, "transcribe.a", "w1")
+    user = broker_users.create_user(
+        acl_redis.control, acl_redis.base_url, "transcribe.a", "w1", SIGNING_KEY
+    )
     client = acl_redis.as_user(user.name, user.password)
     assert client.ping()
     broker_users.delete_user(acl_redis.control, acl_redis.base_url, "w1")
@@ -263,7 +272,9 @@ def test_a_failed_create_leaves_no_user_and_the_sweep_removes_strays(
     assert fleet.emulator is not None
     fleet.emulator.inject("create", "quota", zone="fr-par-2")
     # A user left by a control worker that died between ACL SETUSER and the create call.
-    broker_users.create_user(acl_redis.control, acl_redis.base_url, "transcribe.x", "wrk_lost")
+    broker_users.create_user(
+        acl_redis.control, acl_redis.base_url, "transcribe.x", "wrk_lost", SIGNING_KEY
+    )
     fleet.add_jobs(1)
     fleet.reconcile()
     assert fleet.workers()[0].state == "failed"
@@ -282,6 +293,10 @@ def test_no_server_without_the_right_to_create_the_user(
     state = fleet.profile_state("l4-par2")
     assert state is not None and state.last_error is not None
     assert "cannot create the worker's Redis user" in state.last_error
+    (worker,) = fleet.workers()
+    password = broker_password(SIGNING_KEY, 2, worker.id)
+    assert worker.error is not None and password not in worker.error
+    assert password not in state.last_error
 
 
 def test_on_for_cloud_profiles_off_for_local_unless_configured() -> None:
@@ -316,7 +331,7 @@ def test_a_job_held_by_a_worker_that_died_is_redelivered_to_the_next_worker(
     first_out, second_out = tmp_path / "first.txt", tmp_path / "second.txt"
     first = _start_worker(
         acl_redis,
-        broker_users.create_user(control, acl_redis.base_url, queue, "wrk_1"),
+        broker_users.create_user(control, acl_redis.base_url, queue, "wrk_1", SIGNING_KEY),
         queue, "wrk_1@i-1", str(first_out), "600", "1",
     )  # fmt: skip
     sender = Celery("control", set_as_current=False)
@@ -332,7 +347,7 @@ def test_a_job_held_by_a_worker_that_died_is_redelivered_to_the_next_worker(
         time.sleep(1.5)  # older than the (test's) visibility timeout
         second = _start_worker(
             acl_redis,
-            broker_users.create_user(control, acl_redis.base_url, queue, "wrk_2"),
+            broker_users.create_user(control, acl_redis.base_url, queue, "wrk_2", SIGNING_KEY),
             queue, "wrk_2@i-2", str(second_out), "0", "1",
         )  # fmt: skip
         _wait(lambda: second_out.exists() and second_out.read_text() == "job-1\n", 60, "redelivery")
@@ -358,7 +373,9 @@ def test_the_sweep_spares_a_worker_provisioned_while_it_runs(
         if raced or "FROM workers" not in statement:
             return
         raced.append("wrk_new")
-        broker_users.create_user(acl_redis.control, acl_redis.base_url, "transcribe.x", "wrk_new")
+        broker_users.create_user(
+            acl_redis.control, acl_redis.base_url, "transcribe.x", "wrk_new", SIGNING_KEY
+        )
 
     event.listen(fleet.db.engine, "after_cursor_execute", provision_meanwhile)
     try:
@@ -374,9 +391,204 @@ def test_the_sweep_leaves_other_databases_users_alone(
 ) -> None:
     fleet = _fleet_on(make_fleet, acl_redis)  # its broker is database 2
     other_deployment = f"redis://127.0.0.1:{acl_redis.port}/3"
-    broker_users.create_user(acl_redis.control, other_deployment, "transcribe.x", "wrk_theirs")
-    broker_users.create_user(acl_redis.control, acl_redis.base_url, "transcribe.x", "wrk_stray")
+    broker_users.create_user(
+        acl_redis.control, other_deployment, "transcribe.x", "wrk_theirs", SIGNING_KEY
+    )
+    broker_users.create_user(
+        acl_redis.control, acl_redis.base_url, "transcribe.x", "wrk_stray", SIGNING_KEY
+    )
     assert broker_users.sweep_users(fleet.svc) == ["wrk_stray"]
     assert acl_redis.users() == sorted(
         ["default", "murmur-control", broker_users.user_name("wrk_theirs", 3)]
     )
+
+
+# ---- Users lost by a broker restart or a Sentinel failover --------------------------------
+# `ACL DELUSER` of every worker user is what a restart does (compose renders its ACL file with
+# the control user alone) and what a failover does (the replica never had them).
+
+
+def _worker_url(fleet: Fleet, worker: Any) -> str:
+    """The broker URL the fleet put into the worker's user data."""
+    assert fleet.emulator is not None and worker.instance_id is not None
+    data = fleet.emulator.user_data(worker.instance_id)["cloud-init"].decode()
+    (line,) = [x for x in data.splitlines() if "MURMUR_BROKER_URL=" in x]
+    return line.split("=", 1)[1].strip()
+
+
+def _lose_every_worker_user(acl_redis: AclRedis) -> None:
+    lost = [u for u in acl_redis.users() if u.startswith(broker_users.USER_PREFIX)]
+    assert lost
+    acl_redis.control.acl_deluser(*lost)
+
+
+def _assert_consumes_only_its_queue(url: str, queue: str) -> None:
+    client = redis.Redis.from_url(url)
+    try:
+        assert client.rpush(queue, "x") >= 1
+        assert client.brpop([queue], timeout=1) is not None  # how kombu consumes
+        for forbidden in ("transcribe.other", "control"):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                client.llen(forbidden)
+    finally:
+        client.close()
+
+
+def test_a_lost_user_comes_back_with_the_same_url_and_rights_at_the_next_reconcile(
+    make_fleet: MakeFleet, acl_redis: AclRedis, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    fleet = _fleet_on(make_fleet, acl_redis)
+    fleet.add_jobs(1)
+    fleet.reconcile()
+    (worker,) = fleet.workers()
+    url = _worker_url(fleet, worker)
+    name = broker_users.user_name(worker.id, 2)
+    password = broker_password(SIGNING_KEY, 2, worker.id)
+    assert f"//{name}:{password}@" in url  # derived, so the control plane can rebuild it
+    before = acl_redis.control.acl_getuser(name)
+    connected = redis.Redis.from_url(url)
+    assert connected.ping()
+
+    _lose_every_worker_user(acl_redis)
+    with pytest.raises(redis.RedisError):
+        connected.ping()  # Redis closed the connection with the user
+    connected.close()
+    with pytest.raises(redis.AuthenticationError):
+        redis.Redis.from_url(url).ping()
+
+    caplog.clear()
+    fleet.reconcile(advance=5)
+    assert acl_redis.control.acl_getuser(name) == before  # password hash, commands, keys
+    _assert_consumes_only_its_queue(url, "transcribe.l4-par2")
+    recreated = [r for r in caplog.records if "re-created" in r.getMessage()]
+    assert [(r.levelno, worker.id in r.getMessage()) for r in recreated] == [
+        (logging.WARNING, True)
+    ]
+    fleet.reconcile(advance=5)  # nothing lost any more: nothing re-created, nothing logged
+    assert not [r for r in caplog.records if "re-created" in r.getMessage()][1:]
+    for record in caplog.records:
+        assert password not in record.getMessage() and password not in caplog.text
+
+
+def test_a_deleted_workers_user_is_not_re_created(
+    make_fleet: MakeFleet, acl_redis: AclRedis
+) -> None:
+    fleet = _fleet_on(make_fleet, acl_redis)
+    fleet.add_jobs(2)
+    fleet.reconcile()
+    gone, kept = fleet.workers()
+    for _ in range(20):  # the fleet's own teardown: instance deleted, row deleted, user deleted
+        if _teardown(fleet.svc, gone.id, "test"):
+            break
+    assert fleet.workers(WorkerState.DELETED.value)[0].id == gone.id
+    assert broker_users.user_name(gone.id, 2) not in acl_redis.users()
+
+    _lose_every_worker_user(acl_redis)
+    assert broker_users.sweep_users(fleet.svc) == []
+    assert acl_redis.users() == sorted(
+        ["default", "murmur-control", broker_users.user_name(kept.id, 2)]
+    )
+    _assert_consumes_only_its_queue(_worker_url(fleet, kept), "transcribe.l4-par2")
+
+
+class _Interleaved(redis.Redis):
+    """The real client; runs `before` once just ahead of the first `ACL SETUSER` it sends."""
+
+    before: list[Callable[[], None]]
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        if args[:2] == ("ACL", "SETUSER") and self.before:
+            self.before.pop()()
+        return super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
+
+
+def test_a_worker_retired_while_its_user_is_re_created_loses_it_again(
+    make_fleet: MakeFleet, acl_redis: AclRedis
+) -> None:
+    fleet = _fleet_on(make_fleet, acl_redis)
+    fleet.add_jobs(1)
+    fleet.reconcile()
+    (worker,) = fleet.workers()
+    _lose_every_worker_user(acl_redis)
+
+    def retire() -> None:
+        # Another run retires the worker after the sweep read it as live: row first, then
+        # user (the order of tasks.fleet.apply), both before the sweep's ACL SETUSER.
+        with fleet.db.session() as s:
+            move_worker(
+                s, worker.id, [WorkerState.BOOTING, WorkerState.CREATING], WorkerState.DELETING
+            )
+            move_worker(
+                s, worker.id, [WorkerState.DELETING], WorkerState.DELETED, deleted_at=fleet.clock()
+            )
+        broker_users.retire_user(fleet.svc, worker.id)
+
+    client = _Interleaved.from_url(acl_redis.control_url)
+    client.before = [retire]
+    fleet.svc.redis = client
+    try:
+        broker_users.sweep_users(fleet.svc)
+    finally:
+        client.close()
+    assert not client.before  # the retirement did run in between
+    assert acl_redis.users() == ["default", "murmur-control"]
+
+
+def test_a_sweep_that_cannot_re_create_users_says_so_without_the_password(
+    make_fleet: MakeFleet, acl_redis: AclRedis, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    fleet = _fleet_on(make_fleet, acl_redis)
+    fleet.add_jobs(1)
+    fleet.reconcile()
+    (worker,) = fleet.workers()
+    password = broker_password(SIGNING_KEY, 2, worker.id)
+    _lose_every_worker_user(acl_redis)
+    # A control-plane user that may list and delete users but not create them.
+    acl_redis.control.acl_setuser(
+        "murmur-limited",
+        enabled=True,
+        passwords=[f"+{CONTROL_PASSWORD}"],
+        categories=["+@all"],
+        commands=["-acl|setuser"],
+        keys=["*"],
+        channels=["*"],
+    )
+    limited = redis.Redis.from_url(
+        acl_redis.control_url.replace("murmur-control", "murmur-limited")
+    )
+    fleet.svc.redis = limited
+    caplog.clear()
+    try:
+        assert broker_users.sweep_users(fleet.svc) == []  # logged, never raised
+        assert "cannot sweep broker users: NoPermissionError" in caplog.text
+        # The error redis-py raises for the refused command does not carry it either.
+        with pytest.raises(redis.RedisError) as refused:
+            broker_users.create_user(
+                limited, acl_redis.base_url, "transcribe.l4-par2", worker.id, SIGNING_KEY
+            )
+    finally:
+        limited.close()
+    assert password not in caplog.text
+    assert password not in str(refused.value) and password not in repr(refused.value)
+
+    fleet.svc.redis = acl_redis.control  # the right is back: the next sweep heals it
+    broker_users.sweep_users(fleet.svc)
+    _assert_consumes_only_its_queue(_worker_url(fleet, worker), "transcribe.l4-par2")
+
+
+def test_the_broker_password_is_bound_to_key_database_and_worker() -> None:
+    other_key = "another-signing-key-" + "k" * 32
+    password = broker_password(SIGNING_KEY, 2, "wrk_a")
+    assert len(password) == 64 and int(password, 16) >= 0
+    assert password == broker_password(SIGNING_KEY, 2, "wrk_a")
+    others = {
+        broker_password(other_key, 2, "wrk_a"),
+        broker_password(SIGNING_KEY, 3, "wrk_a"),
+        broker_password(SIGNING_KEY, 2, "wrk_b"),
+        InstanceCredential.derive(SIGNING_KEY, "2", "wrk_a").token,  # another label
+    }
+    assert password not in others and len(others) == 4
+    with pytest.raises(ValueError):
+        broker_password("", 2, "wrk_a")
