@@ -8,6 +8,11 @@ is killed with SIGKILL; Sentinel promotes the replica. Every job must end `succe
 result accepted exactly once, and the drill prints how long submissions failed or waited
 (docs/reliability.md, "Sentinel failover drill", records the figures).
 
+The GPU worker logs in with its own broker user (`fleet.worker_broker_users`, as cloud
+workers do). ACL users are not replicated: the promoted replica has none until a reconcile
+re-creates them (tasks/fleet/broker_users.py), so the jobs after the failover run only
+because it did; the drill also checks that every live worker's user is on the new primary.
+
 The control workers and beat run under a restart-on-exit loop, as compose's
 `restart: unless-stopped` runs them; the drill reports every restart it had to make.
 """
@@ -25,13 +30,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import redis
 import requests
 from sqlalchemy import select
 
 from app.config import load_settings
 from app.db import Database
-from app.models import Job
+from app.models import LIVE_WORKER_STATES, Job, Worker
 from app.server import gunicorn_args
+from tasks.fleet import broker_users
 from tests.conftest import (
     ADMIN_TOKEN,
     API_TOKEN,
@@ -153,7 +160,10 @@ def test_every_job_succeeds_once_through_a_primary_failover(
     ha: RedisHA, database_url: str, tmp_path: Path
 ) -> None:
     config = tmp_path / "murmur.toml"
-    config.write_text("[fleet]\nreconcile_interval_seconds = 1.0\nidle_timeout_seconds = 600.0\n")
+    config.write_text(
+        "[fleet]\nreconcile_interval_seconds = 1.0\nidle_timeout_seconds = 600.0\n"
+        "worker_broker_users = true\n"
+    )
     ports = [free_port(), free_port()]
     base_env = {
         **os.environ,
@@ -286,6 +296,7 @@ def test_every_job_succeeds_once_through_a_primary_failover(
         }
         print(f"\nSentinel failover drill: {report}")
 
+        _assert_worker_users_on(ha, db, "".join(p.output() for p in supervised[:2]))
         assert set(jobs) == ids  # a retried submission never stored a second job
         assert {status for status, _ in jobs.values()} == {"succeeded"}, jobs
         assert all(results[job_id] == 1 for job_id in ids), results
@@ -296,6 +307,28 @@ def test_every_job_succeeds_once_through_a_primary_failover(
             api.stop()
         _delete_local_workers(base_env)
         db.dispose()
+
+
+def _assert_worker_users_on(ha: RedisHA, db: Database, control_logs: str) -> None:
+    """Every live worker has its user on the promoted primary, re-created by a reconcile."""
+    port = ha.primary_port()
+    assert port is not None and port != ha.ports["primary"]
+    with db.session() as s:
+        live = list(
+            s.scalars(
+                select(Worker.id).where(
+                    Worker.deleted_at.is_(None), Worker.state.in_(LIVE_WORKER_STATES)
+                )
+            )
+        )
+    assert live
+    primary = redis.Redis(port=port, socket_timeout=5)
+    try:
+        users = {u.decode() if isinstance(u, bytes) else str(u) for u in primary.acl_users()}  # type: ignore[union-attr]
+    finally:
+        primary.close()
+    assert {broker_users.user_name(w, 0) for w in live} <= users, (live, users)
+    assert "broker user (the broker had lost it" in control_logs
 
 
 def _delete_local_workers(env: dict[str, str]) -> None:
