@@ -426,7 +426,14 @@ class MurmurCollector:
         attempt_counts.update(shared.provision_attempts)
         for (profile, outcome), count in sorted(attempt_counts.items()):
             attempts.add_metric([profile, outcome], float(count))
-        yield from (by_state, cost, planned, plan_recorded, budget, pending, attempts)
+        recreated = CounterMetricFamily(
+            "murmur_broker_users_recreated",
+            "Workers' broker users re-created after the broker lost them (restart, failover).",
+            labels=["profile"],
+        )
+        for profile in sorted({*profiles, *shared.broker_users_recreated}):
+            recreated.add_metric([profile], float(shared.broker_users_recreated.get(profile, 0)))
+        yield from (by_state, cost, planned, plan_recorded, budget, pending, attempts, recreated)
         yield from self._control_plane(shared, now)
 
     def _control_plane(self, shared: store.SharedState, now: float) -> Iterator[Metric]:

@@ -12,6 +12,8 @@ Layout (all keys under `murmur:`; the broker's own keys are untouched):
   `forget_worker` or the scrape-time prune.
 - `murmur:reports_accepted` (string) and `murmur:report_rejections` (hash reason -> count).
 - `murmur:provision_attempts` (hash `<profile>|<outcome>` -> count), written by the fleet.
+- `murmur:broker_users_recreated` (hash profile -> count): workers' broker users the fleet
+  re-created after the broker lost them (tasks/fleet/broker_users.py).
 - `murmur:fleet:plan` (string, JSON) is the fleet's: each reconcile publishes its plan
   there (app.fleet.service.PLAN_KEY); the planned cost is read from it.
 - `murmur:fleet:reconciled-at` (string, unix s) is the fleet's too: when a reconcile last
@@ -30,7 +32,7 @@ import json
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -49,6 +51,7 @@ FRESHNESS_KEY = "murmur:worker_last_report"
 ACCEPTED_KEY = "murmur:reports_accepted"
 REJECTIONS_KEY = "murmur:report_rejections"
 PROVISION_ATTEMPTS_KEY = "murmur:provision_attempts"
+BROKER_USERS_RECREATED_KEY = "murmur:broker_users_recreated"
 JOB_LATENCY_KEY = "murmur:job_latency"
 
 SNAPSHOT_INTERVALS = 3  # a snapshot outlives its report by this many report intervals
@@ -239,6 +242,13 @@ def record_provision_attempt(r: redis.Redis, profile: str, outcome: str) -> None
     r.hincrby(PROVISION_ATTEMPTS_KEY, f"{profile}|{outcome}", 1)
 
 
+def record_broker_user_recreated(r: redis.Redis, profile: str) -> None:
+    """Count one worker's broker user re-created after the broker lost it (for the fleet)."""
+    if not _PROFILE.fullmatch(profile):
+        raise ValueError(f"not a profile name: {profile!r}")
+    r.hincrby(BROKER_USERS_RECREATED_KEY, profile, 1)
+
+
 def _aware(moment: datetime) -> datetime:
     # SQLite hands back naive datetimes; everything Murmur stores is UTC.
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
@@ -300,6 +310,7 @@ class SharedState:
     job_latency: dict[str, float]
     # When a reconcile last completed (unix s); None when none was ever recorded.
     last_reconciled: float | None = None
+    broker_users_recreated: dict[str, int] = field(default_factory=dict)
 
 
 def _text(value: Any) -> str:
@@ -345,8 +356,9 @@ def read_shared_state(
     pipe.get(PLAN_KEY)
     pipe.hgetall(JOB_LATENCY_KEY)
     pipe.get(RECONCILED_KEY)
+    pipe.hgetall(BROKER_USERS_RECREATED_KEY)
     raw_snapshots, fresh_entries, *rest = pipe.execute()
-    lengths, (accepted, rejections, attempts, plan, latency, reconciled) = (
+    lengths, (accepted, rejections, attempts, plan, latency, reconciled, recreated) = (
         rest[: len(queues)],
         rest[len(queues) :],
     )
@@ -365,8 +377,8 @@ def read_shared_state(
             if value is not None:
                 last_report[worker_id] = float(value)
     provision: dict[tuple[str, str], int] = {}
-    for field, count in attempts.items():
-        profile, _, outcome = _text(field).partition("|")
+    for entry, count in attempts.items():
+        profile, _, outcome = _text(entry).partition("|")
         provision[(profile, outcome)] = int(count)
     return SharedState(
         snapshots=snapshots,
@@ -381,6 +393,7 @@ def read_shared_state(
         planned_hourly_eur=_planned_cost(plan),
         job_latency={_text(k): float(v) for k, v in latency.items()},
         last_reconciled=_unix_time(reconciled),
+        broker_users_recreated={_text(k): int(v) for k, v in recreated.items()},
     )
 
 

@@ -45,6 +45,7 @@ from sqlalchemy import select
 from app.config import Profile, Settings
 from app.credentials import broker_password
 from app.models import LIVE_WORKER_STATES, Worker
+from app.observability import record_broker_user_recreated
 from gpu_worker.broker import unacked_keys
 from tasks.fleet.services import FleetServices
 from tasks.providers.base import ProviderError
@@ -318,6 +319,7 @@ def restore_users(
             "restart or failover)",
             worker_id,
         )
+        record_broker_user_recreated(svc.redis, profile.name)  # murmur_broker_users_recreated
     restored = [worker_id for worker_id, _ in missing]
     with svc.db.session() as s:
         retired = set(

@@ -27,7 +27,7 @@ from sqlalchemy import event
 from app.config import LOCAL_CPU_PROFILE, Settings
 from app.credentials import InstanceCredential, broker_password
 from app.models import WorkerState
-from app.observability.store import snapshot_key
+from app.observability.store import BROKER_USERS_RECREATED_KEY, snapshot_key
 from app.transitions import move_worker
 from gpu_worker.broker import unacked_keys
 from tasks.fleet import broker_users
@@ -467,6 +467,8 @@ def test_a_lost_user_comes_back_with_the_same_url_and_rights_at_the_next_reconci
     ]
     fleet.reconcile(advance=5)  # nothing lost any more: nothing re-created, nothing logged
     assert not [r for r in caplog.records if "re-created" in r.getMessage()][1:]
+    # murmur_broker_users_recreated_total{profile="l4-par2"}
+    assert acl_redis.control.hgetall(BROKER_USERS_RECREATED_KEY) == {b"l4-par2": b"1"}
     for record in caplog.records:
         assert password not in record.getMessage() and password not in caplog.text
 

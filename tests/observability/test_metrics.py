@@ -211,6 +211,7 @@ def populate(obs: ObsEnv) -> Scenario:
     obs.redis.rpush("transcribe.local-cpu", "m1", "m2", "m3")
     store.record_provision_attempt(obs.redis, "gpu-l4", "out_of_stock")
     store.record_provision_attempt(obs.redis, "gpu-l4", "out_of_stock")
+    store.record_broker_user_recreated(obs.redis, "gpu-l4")
     store.record_provision_attempt(obs.redis, "local-cpu", "succeeded")
     record_reconciled(obs.redis, ago(12))
     assert post_report(obs.client, ready, make_report(1, state="busy")).status_code == 200
@@ -267,6 +268,8 @@ def test_fleet_workers_cost_and_provisioning(obs: ObsEnv) -> None:
     assert (
         value(text, "murmur_provision_attempts_total", profile="gpu-l4", outcome="succeeded") == 0
     )
+    assert value(text, "murmur_broker_users_recreated_total", profile="gpu-l4") == 1
+    assert value(text, "murmur_broker_users_recreated_total", profile="local-cpu") == 0
     pending = value(
         text,
         "murmur_worker_delete_pending_seconds",
