@@ -594,3 +594,39 @@ def test_the_broker_password_is_bound_to_key_database_and_worker() -> None:
     assert password not in others and len(others) == 4
     with pytest.raises(ValueError):
         broker_password("", 2, "wrk_a")
+
+
+def test_a_real_worker_consumes_again_once_the_sweep_re_created_its_user(
+    make_fleet: MakeFleet, acl_redis: AclRedis, tmp_path: Path
+) -> None:
+    """The Celery worker keeps the URL it booted with: it reconnects by itself after the loss."""
+    fleet = _fleet_on(make_fleet, acl_redis)
+    fleet.add_jobs(1)
+    fleet.reconcile()
+    (worker,) = fleet.workers()
+    url, queue, out = _worker_url(fleet, worker), "transcribe.l4-par2", tmp_path / "jobs.txt"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WORKER_SCRIPT, url, queue, f"{worker.id}@i-1", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+    sender = Celery("control", set_as_current=False)
+    sender.conf.update(broker_url=acl_redis.control_url)
+    try:
+        sender.send_task("murmur.transcribe", args=["job-1"], queue=queue)
+        _wait(lambda: out.exists() and out.read_text() == "job-1\n", 60, "job-1")
+        _lose_every_worker_user(acl_redis)  # its connections are closed with it
+        sender.send_task("murmur.transcribe", args=["job-2"], queue=queue)
+        time.sleep(3)
+        assert out.read_text() == "job-1\n"  # no user, no consuming
+        assert proc.poll() is None  # it keeps trying
+        healed = time.monotonic()
+        broker_users.sweep_users(fleet.svc)
+        _wait(lambda: out.read_text() == "job-1\njob-2\n", 60, "job-2 after the sweep")
+        print(f"\nworker consuming again {time.monotonic() - healed:.1f} s after the sweep")
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+        sender.close()
+    assert broker_password(SIGNING_KEY, 2, worker.id).encode() not in err
