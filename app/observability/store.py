@@ -244,7 +244,7 @@ def record_provision_attempt(r: redis.Redis, profile: str, outcome: str) -> None
 
 def record_broker_user_recreated(r: redis.Redis, profile: str) -> None:
     """Count one worker's broker user re-created after the broker lost it (for the fleet)."""
-    if not _PROFILE.fullmatch(profile):
+    if not PROFILE_NAME.fullmatch(profile):
         raise ValueError(f"not a profile name: {profile!r}")
     r.hincrby(BROKER_USERS_RECREATED_KEY, profile, 1)
 
