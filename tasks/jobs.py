@@ -24,6 +24,7 @@ from celery.exceptions import Retry
 from sqlalchemy import update
 
 from app.audio import probe_audio
+from app.celery_config import DELIVER_WEBHOOK, FETCH_AUDIO, SWEEP_WEBHOOKS
 from app.config import Settings
 from app.db import Database, rows_changed
 from app.deadline import exchange_deadline
@@ -57,7 +58,7 @@ def _store() -> LocalAudioStore:
     return LocalAudioStore(context.settings().storage_path)
 
 
-@celery_app.task(name="murmur.control.fetch_audio", acks_late=True, ignore_result=True)
+@celery_app.task(name=FETCH_AUDIO.name, acks_late=True, ignore_result=True)
 def fetch_audio(job_id: str) -> None:
     """Download a URL job's audio (SSRF-checked, size-capped), store it, then dispatch it."""
     settings = context.settings()
@@ -163,9 +164,7 @@ def sign_webhook(secret: str, timestamp: int, body: bytes) -> str:
     return f"t={timestamp},v1={mac}"
 
 
-@celery_app.task(
-    name="murmur.control.deliver_webhook", bind=True, acks_late=True, ignore_result=True
-)
+@celery_app.task(name=DELIVER_WEBHOOK.name, bind=True, acks_late=True, ignore_result=True)
 def deliver_webhook(self: Task, job_id: str) -> None:
     """One attempt at a finished job's webhook, if one is due.
 
@@ -184,7 +183,7 @@ def deliver_webhook(self: Task, job_id: str) -> None:
         log.warning("could not schedule the webhook retry for %s: %s", job_id, type(exc).__name__)
 
 
-@celery_app.task(name="murmur.control.sweep_webhooks", ignore_result=True)
+@celery_app.task(name=SWEEP_WEBHOOKS.name, ignore_result=True)
 def sweep_webhooks() -> int:
     """Beat: attempt every due webhook, from the database's state (whatever Redis lost)."""
     return deliver_due(context.settings(), context.database())

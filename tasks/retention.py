@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from app.celery_config import SWEEP_RETENTION
 from app.jobs.retention import sweep_expired_audio
 from app.storage import LocalAudioStore
 from tasks import context
@@ -14,7 +15,7 @@ STALE_STAGING_SECONDS = 3600.0
 MAX_BATCHES_PER_RUN = 10
 
 
-@celery_app.task(name="murmur.control.sweep_retention", ignore_result=True)
+@celery_app.task(name=SWEEP_RETENTION.name, ignore_result=True)
 def sweep_retention() -> dict[str, int]:
     """Delete one batch of expired audio and any stale staged file; safe to run twice at once."""
     settings = context.settings()

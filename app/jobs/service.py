@@ -21,10 +21,12 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.auth import WorkerCaller
+from app.celery_config import DELIVER_WEBHOOK
 from app.config import Settings
 from app.db import Database
 from app.errors import ApiError
 from app.inputs import text_problem
+from app.jobs.dispatch import dispatch_job
 from app.models import (
     FINISHED_STATES,
     LIVE_WORKER_STATES,
@@ -119,7 +121,7 @@ def insert_job(
 
     With `settings` and stored audio, the job is routed in the same transaction: it is written
     as `dispatched` to the first profile with a live worker, and the caller sends the message
-    (`tasks.dispatch.send_dispatched`). Otherwise it stays `queued` for the reconcile.
+    (`app.jobs.dispatch.send_dispatched`). Otherwise it stays `queued` for the reconcile.
     """
     job = Job(
         owner=req.owner,
@@ -231,8 +233,6 @@ def routable_profile(session: Session, settings: Settings, now: datetime) -> str
 
 def try_dispatch_now(db: Database, settings: Settings, celery: Celery, job_id: str) -> bool:
     """Dispatch a queued job at once if some profile has a live worker (else the reconcile will)."""
-    from tasks.dispatch import dispatch_job
-
     with db.reader() as s:
         profile = routable_profile(s, settings, utcnow())
     if profile is None:
@@ -469,7 +469,7 @@ def announce_finished(r: redis.Redis, celery: Celery, job: Job) -> None:
         log.warning("could not publish completion of %s: %s", job.id, type(exc).__name__)
     if job.webhook_url:
         try:
-            celery.send_task("murmur.control.deliver_webhook", args=[job.id], queue="control")
+            DELIVER_WEBHOOK.send(celery, job.id)
         except Exception as exc:
             log.warning("could not queue webhook for %s: %s", job.id, type(exc).__name__)
 

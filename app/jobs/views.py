@@ -12,10 +12,12 @@ from werkzeug.datastructures import FileStorage
 
 from app.audio import probe_audio
 from app.auth import require_api_token
+from app.celery_config import FETCH_AUDIO
 from app.context import Services, services
 from app.errors import ApiError
 from app.inputs import check_text, display_filename, request_json
 from app.jobs import idempotency, retention, service
+from app.jobs.dispatch import send_dispatched
 from app.jobs.formats import FORMATS, render
 from app.jobs.slow_work import probe_slot
 from app.jobs.waiting import Waited, client_socket, sync_slots, wait_for_job
@@ -177,11 +179,9 @@ def create_upload_job(
     if not created:
         svc.storage.delete(audio_key)
         return service.job_json(idempotency.replay(job, req.request_hash)), False
-    if job.status == JobStatus.DISPATCHED.value and job.profile is not None:
-        from tasks.dispatch import send_dispatched
-
-        if not send_dispatched(svc.db, svc.celery, job.id, job.profile):
-            job = service.get_job(svc.db, job.id)  # back to queued: the reconcile retries
+    dispatched = job.status == JobStatus.DISPATCHED.value and job.profile is not None
+    if dispatched and not send_dispatched(svc.db, svc.celery, job.id, str(job.profile)):
+        job = service.get_job(svc.db, job.id)  # back to queued: the reconcile retries
     return service.job_json(job), True
 
 
@@ -213,9 +213,7 @@ def _create_url_job(
         idempotency.replay(job, req.request_hash)
     if created:
         try:
-            svc.celery.send_task(
-                "murmur.control.fetch_audio", args=[job.id], queue="control", retry=False
-            )
+            FETCH_AUDIO.send(svc.celery, job.id, retry=False)
         except Exception as exc:
             # Nothing of the client's is stored yet: refuse cleanly rather than keep a job
             # that nobody will fetch.

@@ -66,7 +66,7 @@ REJECTION_REASONS = (
     "invalid_body",
     "stale_sequence",
 )
-# How a provisioning attempt ended, as the fleet records it (tasks/providers/base.py errors).
+# How a provisioning attempt ended, as the fleet records it (app/fleet/providers/base.py errors).
 PROVISION_OUTCOMES = (
     "succeeded",
     "out_of_stock",

@@ -299,7 +299,7 @@ def test_every_job_succeeds_once_through_a_primary_failover(
 
 
 def _delete_local_workers(env: dict[str, str]) -> None:
-    from tasks.providers.local import LocalProvider
+    from app.fleet.providers.local import LocalProvider
 
     settings = load_settings(env=env)
     provider = LocalProvider(settings, state_dir=env["MURMUR_LOCAL_STATE_DIR"], term_grace=5)

@@ -24,10 +24,10 @@ from celery import Celery
 from sqlalchemy import event
 
 from app.config import LOCAL_CPU_PROFILE, Settings
+from app.fleet import broker_users
+from app.fleet.reconcile import LOCK_KEY
 from app.observability.store import snapshot_key
 from gpu_worker.broker import unacked_keys
-from tasks.fleet import broker_users
-from tasks.fleet.reconcile import LOCK_KEY
 from tests.fleet.conftest import L4, Fleet, MakeFleet
 
 CONTROL_PASSWORD = "control-plane-password-" + "c" * 24

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-import tasks.fleet.services as services
-from tasks.celery_app import CONTROL_QUEUE, celery_app
+import app.fleet.services as services
+from app.celery_config import CONTROL_QUEUE
+from tasks.celery_app import celery_app
 from tasks.control import reconcile
 from tests.fleet.conftest import MakeFleet
 

@@ -1,7 +1,7 @@
 """Carry out a FleetPlan: provider calls, worker rows, profile back-off, job dispatch.
 
 Every step is safe to repeat: rows move by compare-and-set, a teardown picks up where the last
-one stopped, and dispatch/requeue go through tasks.dispatch. No database transaction is held
+one stopped, and dispatch/requeue go through app.jobs.dispatch. No database transaction is held
 open across a provider call. Out-of-stock is the one failure that ends the round early: the
 caller re-plans, and the next profile in order gets its chance within the same run.
 """
@@ -21,6 +21,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from app.config import Profile
+from app.fleet import broker_users
 from app.fleet.cloudinit import worker_environment
 from app.fleet.planner import (
     NOT_NEEDED,
@@ -36,6 +37,15 @@ from app.fleet.planner import (
     Provision,
     Requeue,
 )
+from app.fleet.providers.base import (
+    Instance,
+    OutOfStock,
+    ProviderError,
+    Teardown,
+)
+from app.fleet.services import FleetServices
+from app.fleet.snapshot import Snapshot
+from app.jobs.dispatch import dispatch_job, requeue_job, withdraw_messages
 from app.jobs.service import announce_finished, fail_job, get_job
 from app.models import (
     LIVE_WORKER_STATES,
@@ -51,16 +61,6 @@ from app.models import (
 )
 from app.observability import forget_worker, record_provision_attempt
 from app.transitions import move_worker
-from tasks.dispatch import dispatch_job, requeue_job, withdraw_messages
-from tasks.fleet import broker_users
-from tasks.fleet.services import FleetServices
-from tasks.fleet.snapshot import Snapshot
-from tasks.providers.base import (
-    Instance,
-    OutOfStock,
-    ProviderError,
-    Teardown,
-)
 
 log = logging.getLogger("murmur.fleet")
 

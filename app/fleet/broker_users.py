@@ -27,10 +27,10 @@ import redis
 from sqlalchemy import select
 
 from app.config import Profile, Settings
+from app.fleet.providers.base import ProviderError
+from app.fleet.services import FleetServices
 from app.models import Worker
 from gpu_worker.broker import unacked_keys
-from tasks.fleet.services import FleetServices
-from tasks.providers.base import ProviderError
 
 log = logging.getLogger("murmur.fleet")
 
