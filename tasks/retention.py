@@ -8,7 +8,7 @@ from app.storage import LocalAudioStore
 from tasks import context
 from tasks.celery_app import celery_app
 
-# Longer than any upload or URL fetch can take (tasks.jobs.FETCH_DEADLINE_SECONDS is 300 s):
+# Longer than any upload or URL fetch can take (app.jobs.fetch.FETCH_DEADLINE_SECONDS is 300 s):
 # a staged file this old belongs to a request or task that died.
 STALE_STAGING_SECONDS = 3600.0
 # A backlog (after retention is shortened, say) drains over several runs, not in one long task.
