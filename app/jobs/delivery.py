@@ -22,7 +22,7 @@ import requests
 from app.config import Settings
 from app.db import Database
 from app.deadline import exchange_deadline
-from app.errors import ApiError
+from app.errors import Refused
 from app.jobs import service, webhooks
 from app.models import Job, utcnow
 from app.urls import check_url, pinned_session
@@ -126,5 +126,5 @@ def _send_webhook(settings: Settings, job: Job) -> tuple[bool, str]:
         if deadline.fired:  # headers cut short by the watchdog parse as if they had ended
             return False, "deadline"
         return 200 <= status < 300, f"HTTP {status}"
-    except ApiError as err:
+    except Refused as err:
         return False, err.code

@@ -20,7 +20,7 @@ from app.audio import probe_audio
 from app.config import Settings
 from app.db import Database, rows_changed
 from app.deadline import exchange_deadline
-from app.errors import ApiError
+from app.errors import Refused
 from app.jobs import service
 from app.models import Job, JobStatus
 from app.storage import LocalAudioStore
@@ -60,7 +60,7 @@ def fetch_audio(
             if deadline.fired:  # a response without a length just looks as if it ended
                 raise _too_slow()
         info = probe_audio(staged, settings.api.max_audio_seconds)
-    except ApiError as err:
+    except Refused as err:
         staged.unlink(missing_ok=True)
         code = "url_not_audio" if err.code in ("invalid_audio", "empty_file") else err.code
         message = err.message if code != "url_not_audio" else f"the URL's content: {err.message}"
@@ -92,29 +92,26 @@ def fetch_audio(
     service.try_dispatch_now(db, settings, celery, job_id)
 
 
-def _too_slow() -> ApiError:
-    return ApiError(
-        422, "url_fetch_failed", f"the URL did not deliver within {FETCH_DEADLINE_SECONDS} s"
-    )
+def _too_slow() -> Refused:
+    return Refused("url_fetch_failed", f"the URL did not deliver within {FETCH_DEADLINE_SECONDS} s")
 
 
 def _download(http: requests.Session, url: str, staged: Path, limit: int) -> int:
     """Stream the URL's content into `staged`, refusing more than `limit` bytes; its size."""
     response = http.get(url, stream=True, timeout=FETCH_TIMEOUT, allow_redirects=False)
     if response.status_code != 200:
-        raise ApiError(422, "url_fetch_failed", f"the URL answered HTTP {response.status_code}")
+        raise Refused("url_fetch_failed", f"the URL answered HTTP {response.status_code}")
     declared = response.headers.get("Content-Length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise ApiError(
-            413, "url_too_large", f"the URL's content is larger than the limit of {limit} bytes"
+        raise Refused(
+            "url_too_large", f"the URL's content is larger than the limit of {limit} bytes"
         )
     size = 0
     with staged.open("wb") as out:
         for chunk in response.iter_content(chunk_size=256 * 1024):
             size += len(chunk)
             if size > limit:
-                raise ApiError(
-                    413,
+                raise Refused(
                     "url_too_large",
                     f"the URL's content is larger than the limit of {limit} bytes",
                 )

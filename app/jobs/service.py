@@ -24,7 +24,7 @@ from app.auth import WorkerCaller
 from app.celery_config import DELIVER_WEBHOOK
 from app.config import Settings
 from app.db import Database
-from app.errors import ApiError
+from app.errors import Refused
 from app.inputs import text_problem
 from app.jobs.dispatch import dispatch_job
 from app.models import (
@@ -174,7 +174,7 @@ def get_job(db: Database, job_id: str, owner: str | None = None) -> Job:
     with db.reader() as s:
         job = s.get(Job, job_id)
     if job is None or (owner is not None and job.owner != owner):
-        raise ApiError(404, "job_not_found", f"no job with id {job_id}")
+        raise Refused("job_not_found", f"no job with id {job_id}")
     return job
 
 
@@ -288,9 +288,7 @@ def cancel_job(db: Database, job_id: str, owner: str) -> Job:
     )
     if not done:
         job = get_job(db, job_id, owner)
-        raise ApiError(
-            409, "job_finished", f"job {job_id} has already finished with status {job.status}"
-        )
+        raise Refused("job_finished", f"job {job_id} has already finished with status {job.status}")
     return get_job(db, job_id, owner)
 
 
@@ -511,4 +509,4 @@ def cursor_decode(value: str) -> tuple[datetime, str]:
             raise ValueError("not a job id")
         return parsed, job_id
     except (ValueError, TypeError, AssertionError, RecursionError) as exc:
-        raise ApiError(400, "invalid_cursor", "cursor is not one this API returned") from exc
+        raise Refused("invalid_cursor", "cursor is not one this API returned") from exc
