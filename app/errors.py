@@ -47,7 +47,12 @@ STATUS: dict[str, int] = {
     # app/jobs/fetch.py: fetching a URL job's audio
     "url_fetch_failed": 422,
     "url_too_large": 413,
+    # app/jobs/submission.py: an upload over the size cap; a job whose queue is down
+    "payload_too_large": 413,
+    "broker_unavailable": 503,
 }
+# Refusals that pass with time: the seconds a client should wait before trying again.
+RETRY_AFTER: dict[str, int] = {"broker_unavailable": 5}
 
 
 class ApiError(Refused):
@@ -143,6 +148,8 @@ def register_error_handlers(app: Flask) -> None:
     @app.errorhandler(Refused)
     def _refused(err: Refused) -> Response:
         response = error_response(err.status, err.code, err.message, err.extra)
+        if err.code in RETRY_AFTER:
+            response.headers["Retry-After"] = str(RETRY_AFTER[err.code])
         response.headers.update(getattr(err, "headers", {}))
         return response
 
