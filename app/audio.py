@@ -19,7 +19,7 @@ from typing import Any
 
 import av
 
-from app.errors import ApiError
+from app.errors import Refused
 from gpu_worker.decoding import (
     MAX_SAMPLE_RATE,
     OPEN_LIMITS,
@@ -60,8 +60,7 @@ def _cpu_bound(cpu_deadline: float) -> Callable[[int], None]:
 
     def check(read: int) -> None:
         if read % _CPU_CHECK_EVERY == 0 and time.thread_time() > cpu_deadline:
-            raise ApiError(
-                413,
+            raise Refused(
                 "audio_too_complex",
                 "the file takes too much work to decode; re-encode it (e.g. as FLAC or MP3)",
             )
@@ -83,15 +82,13 @@ def _measure(
             if frame.sample_rate <= 0:
                 raise UndecodableAudio("a decoded frame has no sample rate")
             if frame.sample_rate > MAX_SAMPLE_RATE:
-                raise ApiError(
-                    400,
+                raise Refused(
                     "invalid_audio",
                     f"the audio's sample rate ({frame.sample_rate} Hz) is above what audio uses "
                     f"({MAX_SAMPLE_RATE} Hz)",
                 )
             if length.add(frame.sample_rate, frame.samples) > max_seconds:
-                raise ApiError(
-                    413,
+                raise Refused(
                     "audio_too_long",
                     f"the audio lasts more than {max_seconds:.0f} s; the limit is "
                     f"{max_seconds:.0f} s",
@@ -109,11 +106,12 @@ def _measure(
 def probe_audio(path: Path, max_seconds: float) -> AudioInfo:
     """Open the file with FFmpeg (PyAV), decode its audio up to max_seconds, return its facts.
 
-    Raises ApiError 400 for anything that is not decodable audio and 413 as soon as it is longer
-    than the service accepts, or takes more work to decode than such audio could.
+    Refuses (`invalid_audio`, `empty_file`) anything that is not decodable audio, and
+    (`audio_too_long`, `audio_too_complex`) audio longer than the service accepts, or that
+    takes more work to decode than such audio could, as soon as that shows.
     """
     if path.stat().st_size == 0:
-        raise ApiError(400, "empty_file", "the uploaded file is empty")
+        raise Refused("empty_file", "the uploaded file is empty")
     # One allowance for both attempts: a file the quick probe cannot place gets no second one.
     cpu_deadline = time.thread_time() + _CPU_BASE_SECONDS + max_seconds / _CPU_REAL_TIME_FACTOR
     info = None
@@ -125,8 +123,7 @@ def probe_audio(path: Path, max_seconds: float) -> AudioInfo:
         if info is not None:
             break
     if info is None:
-        raise ApiError(
-            400,
+        raise Refused(
             "invalid_audio",
             "the file is not audio that can be decoded (supported: wav, mp3, m4a/mp4, ogg/opus, "
             "flac, webm/mkv, aac, aiff, caf, amr, wavpack, ape, wma and other audio containers)",

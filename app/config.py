@@ -117,11 +117,11 @@ class FleetSettings(_Strict):
     provider_timeout_seconds: float = Field(default=30.0, gt=0)
     max_attempts: int = Field(default=3, ge=1)
     # The reconcile lock is a lease this long, renewed while the run is alive: a control worker
-    # that dies is replaced within it (tasks.fleet.lease).
+    # that dies is replaced within it (app.fleet.lease).
     reconcile_lease_seconds: float = Field(default=6.0, ge=1.0)
     # /readyz fails when no reconcile made progress for this long (app.fleet.liveness).
     reconcile_stale_seconds: float = Field(default=180.0, gt=0)
-    # Each worker gets its own Redis ACL user limited to its queue (tasks/fleet/broker_users.py);
+    # Each worker gets its own Redis ACL user limited to its queue (app/fleet/broker_users.py);
     # unset: on for cloud profiles, off for the local provider. Needs ACL rights (see docs).
     worker_broker_users: bool | None = None
     # Workers of one profile in a row that never become ready before its retries are held

@@ -12,8 +12,52 @@ from werkzeug.wsgi import LimitedStream
 log = logging.getLogger(__name__)
 
 
-class ApiError(Exception):
-    """A request the API refuses, with the status, a stable code and a message for people."""
+class Refused(Exception):
+    """A domain's refusal: a stable `code`, a `message` for people and `extra` data for the
+    client. It says nothing of HTTP: a request that meets one answers `STATUS[code]`, and a
+    task that meets one records the code on its job."""
+
+    def __init__(self, code: str, message: str, *, extra: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.extra = extra or {}
+
+    @property
+    def status(self) -> int:
+        return STATUS[self.code]
+
+
+# The HTTP status of every domain refusal: the one place where a domain's code meets HTTP.
+STATUS: dict[str, int] = {
+    # app/audio.py: the upload's (or the URL's) content
+    "invalid_audio": 400,
+    "empty_file": 400,
+    "audio_too_long": 413,
+    "audio_too_complex": 413,
+    # app/urls.py: a URL input or webhook address
+    "invalid_url": 400,
+    "forbidden_url": 400,
+    # app/jobs: a job's state and its owner's requests
+    "job_not_found": 404,
+    "job_finished": 409,
+    "job_not_finished": 409,
+    "invalid_cursor": 400,
+    "idempotency_key_reused": 422,
+    # app/jobs/fetch.py: fetching a URL job's audio
+    "url_fetch_failed": 422,
+    "url_too_large": 413,
+    # app/jobs/submission.py: an upload over the size cap; a job whose queue is down
+    "payload_too_large": 413,
+    "broker_unavailable": 503,
+}
+# Refusals that pass with time: the seconds a client should wait before trying again.
+RETRY_AFTER: dict[str, int] = {"broker_unavailable": 5}
+
+
+class ApiError(Refused):
+    """A refusal of the HTTP layer itself (a malformed request, a busy server...), with its
+    status and response headers."""
 
     def __init__(
         self,
@@ -24,12 +68,13 @@ class ApiError(Exception):
         extra: dict[str, Any] | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.extra = extra or {}
+        super().__init__(code, message, extra=extra)
+        self._status = status
         self.headers = headers or {}
+
+    @property
+    def status(self) -> int:
+        return self._status
 
 
 def error_response(
@@ -100,10 +145,12 @@ def _caused_by_slow_body(err: BaseException) -> bool:
 
 
 def register_error_handlers(app: Flask) -> None:
-    @app.errorhandler(ApiError)
-    def _api_error(err: ApiError) -> Response:
+    @app.errorhandler(Refused)
+    def _refused(err: Refused) -> Response:
         response = error_response(err.status, err.code, err.message, err.extra)
-        response.headers.update(err.headers)
+        if err.code in RETRY_AFTER:
+            response.headers["Retry-After"] = str(RETRY_AFTER[err.code])
+        response.headers.update(getattr(err, "headers", {}))
         return response
 
     @app.errorhandler(HTTPException)

@@ -41,7 +41,7 @@ def create_app(
     app.config["MAX_CONTENT_LENGTH"] = settings.api.max_upload_bytes + _MULTIPART_OVERHEAD
     app.json = FiniteJSONProvider(app)
     if celery is None:
-        from tasks.celery_app import make_celery
+        from app.celery_config import make_celery
 
         celery = make_celery(settings)
     app.extensions["murmur"] = Services(

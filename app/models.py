@@ -122,7 +122,7 @@ LIVE_WORKER_STATES = (
 
 # Key in `Worker.resources`: when a teardown confirmed the instance itself gone. From then on
 # the worker costs no GPU time, only the storage its volumes and IPs still hold (cents a day),
-# so the cost and budget count it at zero while its teardown goes on (tasks.fleet.apply).
+# so the cost and budget count it at zero while its teardown goes on (app.fleet.apply).
 SERVER_GONE_AT = "server_gone_at"
 
 

@@ -58,7 +58,7 @@ def broker_url(settings: Settings, credentials_from: str | None = None) -> str:
     """Celery's broker URL: `redis_url`, or kombu's `sentinel://a;sentinel://b;...` list.
 
     `credentials_from` is a URL whose user, password and database are used instead of
-    `redis_url`'s (a worker's own broker user, tasks/fleet/broker_users.py).
+    `redis_url`'s (a worker's own broker user, app/fleet/broker_users.py).
     """
     source = credentials_from or settings.redis_url
     if not settings.redis.sentinels:

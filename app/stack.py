@@ -213,7 +213,7 @@ def supervise(stack: Stack) -> int:
 def _teardown_local_workers(env: dict[str, str]) -> int:
     """Delete every worker the local provider still runs (the control worker is gone by now)."""
     try:
-        from tasks.fleet.teardown import delete_all_local_workers
+        from app.fleet.teardown import delete_all_local_workers
     except ImportError:
         return 0
     old = dict(os.environ)

@@ -19,7 +19,7 @@ import requests
 from requests import PreparedRequest, Response
 from requests.adapters import HTTPAdapter
 
-from app.errors import ApiError
+from app.errors import Refused
 from app.inputs import check_text
 
 
@@ -48,35 +48,34 @@ def _is_public(address: str) -> bool:
 
 
 def check_url(url: str, *, field: str = "url", allow_private: bool = False) -> CheckedUrl:
-    """Validate the URL's shape and resolve its host; raise ApiError 400 with the reason."""
+    """Validate the URL's shape and resolve its host; refuse it (`invalid_url`) with the reason."""
     if not isinstance(url, str) or len(url) > 2048:
-        raise ApiError(400, "invalid_url", f"{field} must be a string of at most 2048 characters")
+        raise Refused("invalid_url", f"{field} must be a string of at most 2048 characters")
     check_text(url, field)  # a NUL or lone surrogate would reach the resolver and the database
     try:
         parts = urlsplit(url)
         port = parts.port
     except ValueError as exc:
-        raise ApiError(400, "invalid_url", f"{field} is not a valid URL") from exc
+        raise Refused("invalid_url", f"{field} is not a valid URL") from exc
     if parts.scheme not in ("http", "https"):
-        raise ApiError(
-            400, "invalid_url", f"{field} must use http or https, not {parts.scheme or 'nothing'}"
+        raise Refused(
+            "invalid_url", f"{field} must use http or https, not {parts.scheme or 'nothing'}"
         )
     if parts.username is not None or parts.password is not None:
-        raise ApiError(400, "invalid_url", f"{field} must not contain credentials")
+        raise Refused("invalid_url", f"{field} must not contain credentials")
     host = parts.hostname
     if not host:
-        raise ApiError(400, "invalid_url", f"{field} has no host")
+        raise Refused("invalid_url", f"{field} has no host")
     port = port or (443 if parts.scheme == "https" else 80)
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError) as exc:
-        raise ApiError(400, "invalid_url", f"{field}: the host {host} does not resolve") from exc
+        raise Refused("invalid_url", f"{field}: the host {host} does not resolve") from exc
     addresses = tuple(sorted({str(info[4][0]) for info in infos}))
     if not allow_private:
         for address in addresses:
             if not _is_public(address):
-                raise ApiError(
-                    400,
+                raise Refused(
                     "forbidden_url",
                     f"{field} points to a private, loopback or link-local address",
                 )

@@ -48,19 +48,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import redis  # noqa: E402
 from sqlalchemy import select  # noqa: E402
 
+from app.celery_config import make_celery  # noqa: E402
 from app.db import Base, Database  # noqa: E402
 from app.fleet import readiness  # noqa: E402
+from app.fleet.broker_users import USER_PREFIX  # noqa: E402
+from app.fleet.providers import ProviderRegistry  # noqa: E402
+from app.fleet.providers.scaleway import ScalewayProvider  # noqa: E402
+from app.fleet.reconcile import reconcile  # noqa: E402
+from app.fleet.services import FleetServices  # noqa: E402
+from app.fleet.snapshot import as_utc  # noqa: E402
+from app.jobs.dispatch import _job_of  # noqa: E402
 from app.jobs.service import cancel_job  # noqa: E402
 from app.models import Job, JobStatus, Worker, WorkerState  # noqa: E402
 from gpu_worker.protocol.broker import queue_name  # noqa: E402
-from tasks.celery_app import make_celery  # noqa: E402
-from tasks.dispatch import _job_of  # noqa: E402
-from tasks.fleet.broker_users import USER_PREFIX  # noqa: E402
-from tasks.fleet.reconcile import reconcile  # noqa: E402
-from tasks.fleet.services import FleetServices  # noqa: E402
-from tasks.fleet.snapshot import as_utc  # noqa: E402
-from tasks.providers import ProviderRegistry  # noqa: E402
-from tasks.providers.scaleway import ScalewayProvider  # noqa: E402
 from tests.fleet.conftest import (  # noqa: E402
     L4,
     P100,

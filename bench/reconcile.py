@@ -132,10 +132,10 @@ def read_times(sizes: list[int]) -> None:
 
     from app.config import Settings
     from app.db import Base, Database
+    from app.fleet.providers import ProviderRegistry
+    from app.fleet.services import FleetServices
+    from app.fleet.snapshot import read_snapshot
     from app.models import Job
-    from tasks.fleet.services import FleetServices
-    from tasks.fleet.snapshot import read_snapshot
-    from tasks.providers import ProviderRegistry
 
     class NoInstances:
         name = "local"

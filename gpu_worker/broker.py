@@ -7,7 +7,7 @@ whatever exchange and routing key the entry names. Shared by every consumer, the
 worker read other profiles' in-flight messages and forge entries that the control worker
 would restore onto `control`. So the consumers of each `transcribe.<profile>` queue use keys
 of their own, named after the queue; the control worker keeps kombu's defaults for `control`,
-and a worker's broker user may touch only its profile's keys (tasks/fleet/broker_users.py).
+and a worker's broker user may touch only its profile's keys (app/fleet/broker_users.py).
 
 Invariant: every consumer of a `transcribe.<profile>` queue uses `unacked_keys(queue)`, so a
 message held by a worker that died is restored by the next consumer of the same queue (at its

@@ -1,85 +1,10 @@
-"""The control plane's Celery app: broker settings, reliability options, beat schedule.
-
-The same broker carries the `control` queue (reconcile, URL fetches, webhooks) and one
-`transcribe.<profile>` queue per profile, which only GPU workers consume; the task and
-queue names and the visibility timeout are the wire contract's (gpu_worker/protocol/broker.py).
-"""
+"""The control plane's Celery app of this process (`celery -A tasks`): the configuration
+(app/celery_config.py) built from the settings, and the task modules it runs."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from celery import Celery
-
-from app.broker import celery_broker_settings
-from app.config import Settings, load_settings
-from app.redis_primary import broker_transport_options
-from gpu_worker.protocol.broker import VISIBILITY_TIMEOUT_SECONDS
-
-CONTROL_QUEUE = "control"
-
-
-def celery_config(settings: Settings) -> dict[str, Any]:
-    return {
-        # rediss://: the broker's certificate is always verified (gpu_worker/broker_tls.py).
-        **celery_broker_settings(settings),
-        "broker_connection_retry_on_startup": True,
-        # An API request that finds the broker down answers quickly instead of hanging.
-        "broker_connection_timeout": 2.0,
-        "broker_transport_options": {
-            "visibility_timeout": VISIBILITY_TIMEOUT_SECONDS,
-            **broker_transport_options(settings),
-        },
-        "visibility_timeout": VISIBILITY_TIMEOUT_SECONDS,
-        "task_ignore_result": True,
-        "task_acks_late": True,
-        "task_reject_on_worker_lost": True,
-        "worker_prefetch_multiplier": 1,
-        "worker_send_task_events": True,
-        "task_send_sent_event": True,
-        "worker_cancel_long_running_tasks_on_connection_loss": True,
-        # The control worker takes no remote control (shutdown, revoke, pool changes): GPU
-        # workers share its broker. Flower and `celery inspect` get no answer from it; its
-        # events still show it (docs/deploy-workers.md, "The broker").
-        "worker_enable_remote_control": False,
-        "task_default_queue": CONTROL_QUEUE,
-        "task_routes": {"murmur.control.*": {"queue": CONTROL_QUEUE}},
-        "beat_schedule": {
-            "reconcile": {
-                "task": "murmur.control.reconcile",
-                "schedule": settings.fleet.reconcile_interval_seconds,
-                "options": {
-                    "queue": CONTROL_QUEUE,
-                    "expires": settings.fleet.reconcile_interval_seconds,
-                },
-            },
-            # Webhook retries are due times in the database, not ETA tasks Redis could lose.
-            "webhooks": {
-                "task": "murmur.control.sweep_webhooks",
-                "schedule": settings.fleet.reconcile_interval_seconds,
-                "options": {
-                    "queue": CONTROL_QUEUE,
-                    "expires": settings.fleet.reconcile_interval_seconds,
-                },
-            },
-            "retention": {
-                "task": "murmur.control.sweep_retention",
-                "schedule": settings.retention.sweep_interval_seconds,
-                "options": {
-                    "queue": CONTROL_QUEUE,
-                    "expires": settings.retention.sweep_interval_seconds,
-                },
-            },
-        },
-        "timezone": "UTC",
-    }
-
-
-def make_celery(settings: Settings) -> Celery:
-    app = Celery("murmur")
-    app.conf.update(celery_config(settings))
-    return app
-
+from app.celery_config import make_celery
+from app.config import load_settings
 
 celery_app = make_celery(load_settings())
 # Task modules register themselves on import; the worker imports them at start.

@@ -4,10 +4,30 @@ from __future__ import annotations
 
 from typing import Any
 
+from app.celery_config import RECONCILE
 from app.fleet.liveness import started_within
+from app.fleet.providers import ProviderRegistry
+from app.fleet.reconcile import reconcile as reconcile_fleet
+from app.fleet.services import FleetServices
+from tasks import context
 from tasks.celery_app import celery_app
-from tasks.fleet.reconcile import reconcile as reconcile_fleet
-from tasks.fleet.services import FleetServices, process_services
+
+_PROCESS: FleetServices | None = None
+
+
+def process_services() -> FleetServices:
+    """The fleet's services in this Celery process (built once; see tasks.context)."""
+    global _PROCESS
+    if _PROCESS is None:
+        settings = context.settings()
+        _PROCESS = FleetServices(
+            settings=settings,
+            db=context.database(),
+            redis=context.redis_client(),
+            celery=celery_app,
+            providers=ProviderRegistry(settings),
+        )
+    return _PROCESS
 
 
 def due(svc: FleetServices) -> bool:
@@ -22,7 +42,7 @@ def due(svc: FleetServices) -> bool:
     return not started_within(svc.redis, svc.clock(), half)
 
 
-@celery_app.task(name="murmur.control.reconcile", ignore_result=True)
+@celery_app.task(name=RECONCILE.name, ignore_result=True)
 def reconcile() -> dict[str, Any]:
     """Plan and apply one fleet step; a no-op while another run holds the lock."""
     svc = process_services()

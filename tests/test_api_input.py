@@ -316,7 +316,7 @@ def test_url_job_refused_when_the_broker_is_down_leaves_nothing(
     """Policy for URL jobs: nothing of the client's is stored yet, so answer 503 and keep no row;
     a retry with the same Idempotency-Key then creates the job afresh."""
     from app import create_app
-    from tasks.celery_app import make_celery
+    from app.celery_config import make_celery
 
     dead = settings.model_copy(update={"redis_url": "redis://127.0.0.1:1/0"})
     client = create_app(dead, db=db, celery=make_celery(dead)).test_client()

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from app.audio import probe_audio
-from app.errors import ApiError
+from app.errors import Refused
 from gpu_worker import audio as worker_module
 from gpu_worker.audio import decode_bounded
 from tests.audio_encode import FORMATS, encode
@@ -73,7 +73,7 @@ def test_an_upload_naming_other_files_is_refused(
     target, url, hits = neighbour
     upload = target.parent / f"upload-{case}.bin"
     upload.write_text(_references(target, url)[case])
-    with pytest.raises(ApiError) as refused:
+    with pytest.raises(Refused) as refused:
         probe_audio(upload, 3600)
     assert (refused.value.status, refused.value.code) == (400, "invalid_audio")
     # The worker refuses it too, from its download (a stream) or from a path.

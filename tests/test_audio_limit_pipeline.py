@@ -16,8 +16,8 @@ pytestmark = pytest.mark.slow
 def test_the_worker_enforces_the_limit_and_the_sync_client_gets_a_4xx(
     live_api: LiveApi, start_worker: Any
 ) -> None:
-    from tasks.celery_app import make_celery
-    from tasks.dispatch import dispatch_job
+    from app.celery_config import make_celery
+    from app.jobs.dispatch import dispatch_job
 
     answers: list[requests.Response] = []
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from app.audio import probe_audio
-from app.errors import ApiError
+from app.errors import Refused
 from tests.audio_encode import (
     FORMATS,
     aac_then_garbage,
@@ -32,7 +32,7 @@ def test_common_formats_are_accepted(
 
 
 def test_too_long_audio_is_413(tmp_path: Path) -> None:
-    with pytest.raises(ApiError) as err:
+    with pytest.raises(Refused) as err:
         probe_audio(FIXTURES / "speech-90s.wav", max_seconds=60)
     assert (err.value.status, err.value.code) == (413, "audio_too_long")
     assert err.value.message == "the audio lasts more than 60 s; the limit is 60 s"
@@ -60,7 +60,7 @@ def test_a_flac_whose_header_understates_its_length_is_measured(tmp_path: Path) 
 
     assert probe_audio(path, max_seconds=7200).duration_seconds == pytest.approx(3600)
     before = _bytes_read()
-    with pytest.raises(ApiError) as err:
+    with pytest.raises(Refused) as err:
         probe_audio(path, max_seconds=600)
     assert (err.value.status, err.value.code) == (413, "audio_too_long")
     # It stopped near the limit: a sixth of the audio is about a sixth of the file.
@@ -74,7 +74,7 @@ def test_a_vbr_mp3_without_a_xing_header_is_measured(tmp_path: Path) -> None:
     path.write_bytes(data)
 
     assert probe_audio(path, max_seconds=3600).duration_seconds == pytest.approx(603, abs=0.5)
-    with pytest.raises(ApiError) as err:
+    with pytest.raises(Refused) as err:
         probe_audio(path, max_seconds=300)
     assert (err.value.status, err.value.code) == (413, "audio_too_long")
 
@@ -90,7 +90,7 @@ def test_a_run_of_packets_that_decode_to_nothing_is_refused(tmp_path: Path) -> N
     path.write_bytes(aac_then_garbage(100))  # a damaged stretch is skipped
     assert probe_audio(path, 60).duration_seconds == pytest.approx(1.0, abs=0.05)
     path.write_bytes(aac_then_garbage(600))
-    with pytest.raises(ApiError) as err:
+    with pytest.raises(Refused) as err:
         probe_audio(path, 60)
     assert (err.value.status, err.value.code) == (400, "invalid_audio")
 
@@ -103,7 +103,7 @@ def test_a_file_that_costs_more_cpu_than_allowed_is_refused(
     # Every file is too costly once the allowance is none at all.
     monkeypatch.setattr(app.audio, "_CPU_BASE_SECONDS", -1.0)
     monkeypatch.setattr(app.audio, "_CPU_REAL_TIME_FACTOR", float("inf"))
-    with pytest.raises(ApiError) as err:
+    with pytest.raises(Refused) as err:
         probe_audio(FIXTURES / "speech-90s.wav", max_seconds=3600)
     assert (err.value.status, err.value.code) == (413, "audio_too_complex")
 
@@ -119,7 +119,7 @@ def test_a_sample_rate_no_audio_uses_is_refused(tmp_path: Path) -> None:
     # resampling them took the worker two seconds of CPU.
     path = tmp_path / "fast.wav"
     path.write_bytes(_with_sample_rate((FIXTURES / "silence-5s.wav").read_bytes(), 352_337_536))
-    with pytest.raises(ApiError) as err:
+    with pytest.raises(Refused) as err:
         probe_audio(path, 3600)
     assert (err.value.status, err.value.code) == (400, "invalid_audio")
     assert err.value.message == (

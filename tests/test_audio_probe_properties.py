@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 import app.audio
 from app.audio import AudioInfo, probe_audio
 from app.config import Settings
-from app.errors import ApiError
+from app.errors import Refused
 from gpu_worker.audio import SAMPLE_RATE, AudioTooLong, decode_bounded
 from tests.audio_encode import FORMATS, encode, lying_flac, silence, xingless_vbr_mp3
 from tests.conftest import FIXTURES, auth
@@ -75,7 +75,7 @@ def check(data: bytes) -> AudioInfo | None:
         before, cpu = _bytes_read(), time.thread_time()
         try:
             info = probe_audio(path, LIMIT)
-        except ApiError as err:
+        except Refused as err:
             assert (err.status, err.code) in REFUSALS, (err.status, err.code, err.message)
             assert err.message
             info = None

@@ -24,12 +24,12 @@ from app.config import Settings
 from app.credentials import InstanceCredential
 from app.db import Database
 from app.inputs import display_filename
+from app.jobs.delivery import webhook_payload
 from app.jobs.service import cursor_encode
 from app.models import Job, WorkerState
 from gpu_worker.bounds import MAX_SECONDS
 from gpu_worker.protocol.transcript import Segment, Word
 from gpu_worker.transcriber import _segments_from_faster_whisper
-from tasks.jobs import webhook_payload
 from tests.conftest import SIGNING_KEY, add_worker, auth
 from tests.test_api_input import SPEECH, error_of, job_count, upload
 from tests.test_worker_endpoints import call

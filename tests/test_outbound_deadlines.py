@@ -138,10 +138,10 @@ def control_env(
 def test_a_dripping_url_fails_its_job_at_the_deadline(
     mode: str, control_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import tasks.jobs
+    import app.jobs.fetch
     from tasks.jobs import fetch_audio
 
-    monkeypatch.setattr(tasks.jobs, "FETCH_DEADLINE_SECONDS", DEADLINE)
+    monkeypatch.setattr(app.jobs.fetch, "FETCH_DEADLINE_SECONDS", DEADLINE)
     server = Server(mode)
     db = Database(control_env["MURMUR_DATABASE_URL"])
     try:
@@ -167,7 +167,7 @@ def test_a_dripping_url_fails_its_job_at_the_deadline(
 
 
 def _webhook_attempt(env: dict[str, str], tmp_path: Path, url: str) -> tuple[bool, str, float]:
-    from tasks.jobs import _send_webhook
+    from app.jobs.delivery import _send_webhook
 
     settings = make_settings(
         env["MURMUR_DATABASE_URL"],
@@ -206,10 +206,9 @@ def test_a_webhook_receivers_endless_answer_is_not_read(
 def test_a_webhook_receiver_trickling_its_answer_is_cut_at_the_deadline(
     control_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import tasks.jobs
+    import app.jobs.delivery
 
-    # raising=False: before the fix there is no such constant, and the test fails on time.
-    monkeypatch.setattr(tasks.jobs, "WEBHOOK_DEADLINE_SECONDS", DEADLINE, raising=False)
+    monkeypatch.setattr(app.jobs.delivery, "WEBHOOK_DEADLINE_SECONDS", DEADLINE)
     server = Server("drip_head")
     try:
         ok, why, took = _webhook_attempt(control_env, tmp_path, server.url)

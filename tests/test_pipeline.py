@@ -210,7 +210,7 @@ def test_cancel_queued_job_is_never_transcribed(live_api: LiveApi, start_worker:
     assert job["status"] == "queued"
     cancelled = requests.delete(f"{live_api.url}/v1/jobs/{job['id']}", headers=auth(), timeout=10)
     assert cancelled.json()["status"] == "cancelled"
-    from tasks.dispatch import dispatch_job
+    from app.jobs.dispatch import dispatch_job
 
     assert not dispatch_job(
         live_api.db, Celery(broker=live_api.settings.redis_url), job["id"], "local-cpu"
@@ -382,9 +382,9 @@ def test_broker_down_keeps_the_job_and_dispatches_it_later(
     """Policy: an upload accepted while the broker is down is kept (202, queued) and dispatched
     as soon as the broker answers again; nothing of the client's is lost."""
     from app import create_app
+    from app.celery_config import make_celery
+    from app.jobs.dispatch import dispatch_job
     from app.models import Worker, WorkerState
-    from tasks.celery_app import make_celery
-    from tasks.dispatch import dispatch_job
     from tests.conftest import add_worker
 
     add_worker(live_api.db, state=WorkerState.READY)  # a live worker: would dispatch at once

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tasks.celery_app import make_celery
+from app.celery_config import make_celery
 from tests.conftest import LiveApi, Proc
 
 

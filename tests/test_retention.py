@@ -20,12 +20,12 @@ import requests
 from celery import Celery
 from sqlalchemy import select, update
 
+from app.celery_config import celery_config, make_celery
 from app.config import Settings, load_settings
 from app.db import Database
 from app.jobs.retention import sweep_expired_audio
 from app.models import Job, JobStatus, utcnow
 from app.storage import LocalAudioStore
-from tasks.celery_app import celery_config, make_celery
 from tests.conftest import FIXTURES, OTHER_TOKEN, ROOT, LiveApi, Proc, auth, wait_for
 
 SPEECH = (FIXTURES / "speech-short.wav").read_bytes()

@@ -18,13 +18,15 @@ import redis
 import requests
 
 from app import create_app
+from app.celery_config import celery_config, make_celery
 from app.config import Settings
 from app.credentials import InstanceCredential
 from app.db import Database
 from app.jobs import service, webhooks
+from app.jobs.delivery import deliver_due
 from app.models import Job, WorkerState, utcnow
-from tasks.celery_app import celery_app, celery_config, make_celery
-from tasks.jobs import deliver_due, sweep_webhooks
+from tasks.celery_app import celery_app
+from tasks.jobs import sweep_webhooks
 from tests.conftest import (
     FIXTURES,
     SIGNING_KEY,

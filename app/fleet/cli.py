@@ -145,7 +145,7 @@ def smoke_command(
         click.echo("cannot run:\n  - " + "\n  - ".join(problems), err=True)
         sys.exit(1)
     profiles = [p for p in settings.profiles if (p.name in names if names else p.enabled)]
-    from tasks.fleet import smoke  # builds the Celery app from the config: only once it is valid
+    from app.fleet import smoke  # builds the Celery app from the config: only once it is valid
 
     svc = smoke.process_services(settings)
 

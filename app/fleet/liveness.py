@@ -1,7 +1,7 @@
 """The control plane's liveness: when a reconcile last made progress, kept in Redis.
 
 A reconcile run under its lease records the time when it starts, as it applies its actions
-(at most once a second) and when it completes (tasks.fleet.reconcile); `/readyz` and
+(at most once a second) and when it completes (app.fleet.reconcile); `/readyz` and
 `/metrics` read its age. So a long but working run (many teardowns, slow provider answers)
 stays live, while a run stuck in one call, or no run at all, ages. The record never expires, so
 a control plane that stopped shows as an age that grows, not as a missing key; before any

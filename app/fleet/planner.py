@@ -199,7 +199,7 @@ class FleetState:
     dispatchable: tuple[str, ...] = ()  # oldest queued job ids, at most a few hundred
     job_counts: tuple[JobCounts, ...] = ()
     active_jobs: tuple[ActiveJob, ...] = ()
-    # When the fleet last came back from a stop (tasks.fleet.reconcile.listening_since):
+    # When the fleet last came back from a stop (app.fleet.reconcile.listening_since):
     # nothing could hear the workers before, so their silence counts from here at the earliest.
     listening_since: datetime | None = None
 

@@ -102,7 +102,7 @@ def mark_ready(session: Any, worker: Worker, runtime: dict[str, Any], now: datet
         return
     if worker.ready_at is None:
         worker.ready_at = now
-        # Its profile boots: the count of failed boots in a row (tasks/fleet/apply.py) restarts.
+        # Its profile boots: the count of failed boots in a row (app/fleet/apply.py) restarts.
         session.execute(
             update(ProfileState)
             .where(ProfileState.name == worker.profile, ProfileState.consecutive_failed_boots > 0)

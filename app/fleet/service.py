@@ -26,7 +26,7 @@ from app.models import (
 )
 from gpu_worker.protocol.broker import queue_name
 
-# Written by each reconcile run (tasks.fleet.reconcile), read here.
+# Written by each reconcile run (app.fleet.reconcile), read here.
 PLAN_KEY = "murmur:fleet:plan"
 # Deleted workers stay listed this long, so an operator sees what just happened.
 RECENTLY_DELETED = timedelta(hours=1)

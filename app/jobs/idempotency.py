@@ -14,7 +14,7 @@ from dataclasses import asdict
 
 from werkzeug.datastructures import FileStorage
 
-from app.errors import ApiError
+from app.errors import Refused
 from app.jobs.service import JobRequest
 from app.models import Job
 
@@ -42,8 +42,7 @@ def fingerprint(req: JobRequest, audio_digest: str | None = None) -> str:
 def replay(job: Job, request_fingerprint: str | None) -> Job:
     """`job` when this request is the one that created it; else 422 `idempotency_key_reused`."""
     if job.idempotency_hash is not None and job.idempotency_hash != request_fingerprint:
-        raise ApiError(
-            422,
+        raise Refused(
             "idempotency_key_reused",
             "this Idempotency-Key was already used with a different request; "
             "use a new key for a new request",

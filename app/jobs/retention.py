@@ -21,7 +21,7 @@ from sqlalchemy import delete, select, update
 
 from app.config import Settings
 from app.db import Database, rows_changed
-from app.errors import ApiError
+from app.errors import Refused
 from app.jobs.service import get_job
 from app.models import FINISHED_STATES, Job, utcnow
 from app.storage import AudioStore
@@ -69,8 +69,7 @@ def purge_job(db: Database, store: AudioStore, job_id: str, owner: str) -> None:
     """Remove an ended job of `owner`: its audio, its transcript and its row."""
     job = get_job(db, job_id, owner)  # 404 for an unknown job or someone else's
     if job.status not in FINISHED_STATES:
-        raise ApiError(
-            409,
+        raise Refused(
             "job_not_finished",
             f"job {job_id} is {job.status}; cancel it (DELETE without purge) before purging it",
         )
@@ -84,4 +83,4 @@ def purge_job(db: Database, store: AudioStore, job_id: str, owner: str) -> None:
             ),
         )
     if not gone:  # purged meanwhile by a concurrent request
-        raise ApiError(404, "job_not_found", f"no job with id {job_id}")
+        raise Refused("job_not_found", f"no job with id {job_id}")

@@ -21,10 +21,12 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.auth import WorkerCaller
+from app.celery_config import DELIVER_WEBHOOK
 from app.config import Settings
 from app.db import Database
-from app.errors import ApiError
+from app.errors import Refused
 from app.inputs import text_problem
+from app.jobs.dispatch import dispatch_job
 from app.models import (
     FINISHED_STATES,
     LIVE_WORKER_STATES,
@@ -119,7 +121,7 @@ def insert_job(
 
     With `settings` and stored audio, the job is routed in the same transaction: it is written
     as `dispatched` to the first profile with a live worker, and the caller sends the message
-    (`tasks.dispatch.send_dispatched`). Otherwise it stays `queued` for the reconcile.
+    (`app.jobs.dispatch.send_dispatched`). Otherwise it stays `queued` for the reconcile.
     """
     job = Job(
         owner=req.owner,
@@ -172,7 +174,7 @@ def get_job(db: Database, job_id: str, owner: str | None = None) -> Job:
     with db.reader() as s:
         job = s.get(Job, job_id)
     if job is None or (owner is not None and job.owner != owner):
-        raise ApiError(404, "job_not_found", f"no job with id {job_id}")
+        raise Refused("job_not_found", f"no job with id {job_id}")
     return job
 
 
@@ -231,8 +233,6 @@ def routable_profile(session: Session, settings: Settings, now: datetime) -> str
 
 def try_dispatch_now(db: Database, settings: Settings, celery: Celery, job_id: str) -> bool:
     """Dispatch a queued job at once if some profile has a live worker (else the reconcile will)."""
-    from tasks.dispatch import dispatch_job
-
     with db.reader() as s:
         profile = routable_profile(s, settings, utcnow())
     if profile is None:
@@ -288,9 +288,7 @@ def cancel_job(db: Database, job_id: str, owner: str) -> Job:
     )
     if not done:
         job = get_job(db, job_id, owner)
-        raise ApiError(
-            409, "job_finished", f"job {job_id} has already finished with status {job.status}"
-        )
+        raise Refused("job_finished", f"job {job_id} has already finished with status {job.status}")
     return get_job(db, job_id, owner)
 
 
@@ -469,7 +467,7 @@ def announce_finished(r: redis.Redis, celery: Celery, job: Job) -> None:
         log.warning("could not publish completion of %s: %s", job.id, type(exc).__name__)
     if job.webhook_url:
         try:
-            celery.send_task("murmur.control.deliver_webhook", args=[job.id], queue="control")
+            DELIVER_WEBHOOK.send(celery, job.id)
         except Exception as exc:
             log.warning("could not queue webhook for %s: %s", job.id, type(exc).__name__)
 
@@ -511,4 +509,4 @@ def cursor_decode(value: str) -> tuple[datetime, str]:
             raise ValueError("not a job id")
         return parsed, job_id
     except (ValueError, TypeError, AssertionError, RecursionError) as exc:
-        raise ApiError(400, "invalid_cursor", "cursor is not one this API returned") from exc
+        raise Refused("invalid_cursor", "cursor is not one this API returned") from exc

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from flask import Blueprint, Response, g, jsonify, request
 from werkzeug.datastructures import FileStorage
 
-from app.audio import probe_audio
 from app.auth import require_api_token
 from app.context import Services, services
 from app.errors import ApiError
@@ -18,6 +15,7 @@ from app.inputs import check_text, display_filename, request_json
 from app.jobs import idempotency, retention, service
 from app.jobs.formats import FORMATS, render
 from app.jobs.slow_work import probe_slot
+from app.jobs.submission import Submitter
 from app.jobs.waiting import Waited, client_socket, sync_slots, wait_for_job
 from app.languages import WHISPER_LANGUAGES, is_english_only
 from app.models import JobStatus
@@ -105,26 +103,6 @@ def _accepted(job_json: dict[str, Any], created: bool) -> Response:
     return response
 
 
-def _save_upload(svc: Services, upload: FileStorage) -> tuple[Path, int, float]:
-    """Stream the upload to a staging file, enforce the size cap, probe it. (path, size, secs)."""
-    staged = svc.storage.staging_path()
-    try:
-        upload.save(str(staged))
-        size = staged.stat().st_size
-        if size > svc.settings.api.max_upload_bytes:
-            raise ApiError(
-                413,
-                "payload_too_large",
-                f"the file is {size} bytes; the limit is {svc.settings.api.max_upload_bytes}",
-            )
-        with probe_slot():
-            info = probe_audio(staged, svc.settings.api.max_audio_seconds)
-    except BaseException:
-        staged.unlink(missing_ok=True)
-        raise
-    return staged, size, info.duration_seconds
-
-
 def _form_upload(svc: Services, allowed_fields: set[str]) -> tuple[FileStorage, dict[str, Any]]:
     unknown = set(request.form) - allowed_fields
     if unknown:
@@ -135,6 +113,10 @@ def _form_upload(svc: Services, allowed_fields: set[str]) -> tuple[FileStorage, 
     if upload is None:
         raise ApiError(400, "missing_file", "send the audio as a multipart form field named 'file'")
     return upload, request.form.to_dict()
+
+
+def _submitter(svc: Services) -> Submitter:
+    return Submitter(svc.settings, svc.db, svc.storage, svc.celery, probe_slot)
 
 
 def create_upload_job(
@@ -150,39 +132,8 @@ def create_upload_job(
         idempotency_key=key,
         filename=display_filename(upload.filename),
     )
-    if key is not None:
-        req = replace(
-            req, request_hash=idempotency.fingerprint(req, idempotency.upload_digest(upload))
-        )
-        existing = service.find_idempotent(svc.db, owner, key)
-        if existing is not None:
-            return service.job_json(idempotency.replay(existing, req.request_hash)), False
-    staged, size, duration = _save_upload(svc, upload)
-    audio_key = staged.name + ".audio"
-    try:
-        svc.storage.commit(staged, audio_key)
-        job, created = service.insert_job(
-            svc.db,
-            req,
-            svc.settings,
-            audio_key=audio_key,
-            size_bytes=size,
-            duration_seconds=duration,
-        )
-    except BaseException:
-        # No row refers to the audio: a refused or failed insert must not leave it behind.
-        staged.unlink(missing_ok=True)
-        svc.storage.delete(audio_key)
-        raise
-    if not created:
-        svc.storage.delete(audio_key)
-        return service.job_json(idempotency.replay(job, req.request_hash)), False
-    if job.status == JobStatus.DISPATCHED.value and job.profile is not None:
-        from tasks.dispatch import send_dispatched
-
-        if not send_dispatched(svc.db, svc.celery, job.id, job.profile):
-            job = service.get_job(svc.db, job.id)  # back to queued: the reconcile retries
-    return service.job_json(job), True
+    job, created = _submitter(svc).upload(req, upload, lambda: idempotency.upload_digest(upload))
+    return service.job_json(job), created
 
 
 def _create_url_job(
@@ -206,26 +157,7 @@ def _create_url_job(
         idempotency_key=key,
         filename=display_filename(checked.url.split("?", 1)[0]),
     )
-    if key is not None:
-        req = replace(req, request_hash=idempotency.fingerprint(req))
-    job, created = service.insert_job(svc.db, req)
-    if not created:
-        idempotency.replay(job, req.request_hash)
-    if created:
-        try:
-            svc.celery.send_task(
-                "murmur.control.fetch_audio", args=[job.id], queue="control", retry=False
-            )
-        except Exception as exc:
-            # Nothing of the client's is stored yet: refuse cleanly rather than keep a job
-            # that nobody will fetch.
-            service.delete_unstarted_job(svc.db, job.id)
-            raise ApiError(
-                503,
-                "broker_unavailable",
-                "the job queue is unavailable; retry shortly",
-                headers={"Retry-After": "5"},
-            ) from exc
+    job, created = _submitter(svc).url(req)
     return service.job_json(job), created
 
 

@@ -13,7 +13,7 @@ Layout (all keys under `murmur:`; the broker's own keys are untouched):
 - `murmur:reports_accepted` (string) and `murmur:report_rejections` (hash reason -> count).
 - `murmur:provision_attempts` (hash `<profile>|<outcome>` -> count), written by the fleet.
 - `murmur:broker_users_recreated` (hash profile -> count): workers' broker users the fleet
-  re-created after the broker lost them (tasks/fleet/broker_users.py).
+  re-created after the broker lost them (app/fleet/broker_users.py).
 - `murmur:fleet:plan` (string, JSON) is the fleet's: each reconcile publishes its plan
   there (app.fleet.service.PLAN_KEY); the planned cost is read from it.
 - `murmur:fleet:reconciled-at` (string, unix s) is the fleet's too: when a reconcile last
@@ -69,7 +69,7 @@ REJECTION_REASONS = (
     "invalid_body",
     "stale_sequence",
 )
-# How a provisioning attempt ended, as the fleet records it (tasks/providers/base.py errors).
+# How a provisioning attempt ended, as the fleet records it (app/fleet/providers/base.py errors).
 PROVISION_OUTCOMES = (
     "succeeded",
     "out_of_stock",

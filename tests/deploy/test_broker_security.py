@@ -29,24 +29,23 @@ import yaml
 from celery import Celery
 
 from app.broker import redis_client
+from app.celery_config import make_celery
 from app.config import Settings, broker_tls_problems
 from app.db import Database
-from app.fleet import cloudinit
+from app.fleet import broker_users, cloudinit
 from app.fleet.cloudinit import render_user_data, worker_environment
 from app.fleet.liveness import record_reconciled
+from app.fleet.providers import ProviderRegistry
+from app.fleet.providers.scaleway import ScalewayProvider
+from app.fleet.reconcile import LOCK_KEY
 from app.fleet.service import PLAN_KEY
+from app.fleet.services import FleetServices
 from app.migrate import upgrade
 from app.models import utcnow
 from app.observability.store import count_rejection, snapshot_key
 from gpu_worker.celery_app import make_celery as make_worker_celery
 from gpu_worker.jobs import Outcome
 from gpu_worker.runtime import RuntimeProfileError, load_runtime_profile
-from tasks.celery_app import make_celery
-from tasks.fleet import broker_users
-from tasks.fleet.reconcile import LOCK_KEY
-from tasks.fleet.services import FleetServices
-from tasks.providers import ProviderRegistry
-from tasks.providers.scaleway import ScalewayProvider
 from tests.fleet.conftest import L4, PROJECT_ID, SECRET_KEY, FakeClock, Fleet, fleet_settings
 from tests.fleet.emulator import InstanceEmulator
 from tests.worker.conftest import CPU_ENV
@@ -59,7 +58,7 @@ QUEUE = "transcribe.l4-par2"
 CONTROL_WORKER = """
 import sys
 from app.config import Settings
-from tasks.celery_app import make_celery
+from app.celery_config import make_celery
 
 url, ca, out = sys.argv[1:4]
 app = make_celery(Settings.model_validate({"redis_url": url, "redis_ca_certs": ca}))

@@ -25,10 +25,10 @@ import yaml
 from celery import Celery
 
 from app.broker import redis_client
+from app.celery_config import make_celery
 from app.config import load_settings
 from app.fleet.liveness import record_reconciled
 from app.models import utcnow
-from tasks.celery_app import make_celery
 from tests.conftest import ROOT
 from tests.deploy.compose_secrets import generate, host_path, loopback, run_script, running_broker
 

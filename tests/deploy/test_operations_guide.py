@@ -46,12 +46,12 @@ from app.broker import redis_client
 from app.config import Settings, load_settings
 from app.credentials import InstanceCredential, sign_audio_url
 from app.db import Database
+from app.fleet import broker_users
+from app.jobs.delivery import sign_webhook
 from app.jobs.retention import sweep_expired_audio
 from app.migrate import alembic_config
 from app.models import Job, ProfileState, Worker, WorkerState, utcnow
 from app.storage import LocalAudioStore
-from tasks.fleet import broker_users
-from tasks.jobs import sign_webhook
 from tests.conftest import FIXTURES, ROOT, Proc, free_port, start_process, wait_for
 from tests.deploy.compose_secrets import header_commands, host_path, running_broker
 

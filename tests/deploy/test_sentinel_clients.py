@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import redis
 
+from app.celery_config import make_celery
 from app.config import ConfigError, load_settings
 from app.fleet.cloudinit import worker_environment
 from app.redis_primary import broker_transport_options, broker_url, redis_client
 from gpu_worker.celery_app import celery_config as worker_celery_config
 from gpu_worker.runtime import RuntimeProfileError, load_runtime_profile
-from tasks.celery_app import make_celery
 from tests.conftest import SIGNING_KEY, wait_for
 from tests.deploy.redis_ha import MASTER_NAME, RedisHA, needs_redis_server, redis_ha, sentinel_env
 

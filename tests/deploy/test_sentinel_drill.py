@@ -10,7 +10,7 @@ result accepted exactly once, and the drill prints how long submissions failed o
 
 The GPU worker logs in with its own broker user (`fleet.worker_broker_users`, as cloud
 workers do). ACL users are not replicated: the promoted replica has none until a reconcile
-re-creates them (tasks/fleet/broker_users.py), so the jobs after the failover run only
+re-creates them (app/fleet/broker_users.py), so the jobs after the failover run only
 because it did; the drill also checks that every live worker's user is on the new primary.
 
 The control workers and beat run under a restart-on-exit loop, as compose's
@@ -36,9 +36,9 @@ from sqlalchemy import select
 
 from app.config import load_settings
 from app.db import Database
+from app.fleet import broker_users
 from app.models import LIVE_WORKER_STATES, Job, Worker
 from app.server import gunicorn_args
-from tasks.fleet import broker_users
 from tests.conftest import (
     ADMIN_TOKEN,
     API_TOKEN,
@@ -332,7 +332,7 @@ def _assert_worker_users_on(ha: RedisHA, db: Database, control_logs: str) -> Non
 
 
 def _delete_local_workers(env: dict[str, str]) -> None:
-    from tasks.providers.local import LocalProvider
+    from app.fleet.providers.local import LocalProvider
 
     settings = load_settings(env=env)
     provider = LocalProvider(settings, state_dir=env["MURMUR_LOCAL_STATE_DIR"], term_grace=5)

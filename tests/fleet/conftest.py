@@ -20,18 +20,18 @@ import pytest
 import redis
 from sqlalchemy import select
 
+from app.celery_config import make_celery
 from app.config import Profile, Settings
 from app.db import Base, Database
 from app.fleet import readiness
 from app.fleet.catalog import SERVER_TYPES
+from app.fleet.providers import ProviderRegistry
+from app.fleet.providers.base import Provider
+from app.fleet.providers.scaleway import ScalewayProvider
+from app.fleet.reconcile import ReconcileReport, reconcile
+from app.fleet.services import FleetServices
 from app.migrate import upgrade
 from app.models import Job, JobStatus, ProfileState, Worker, WorkerState
-from tasks.celery_app import make_celery
-from tasks.fleet.reconcile import ReconcileReport, reconcile
-from tasks.fleet.services import FleetServices
-from tasks.providers import ProviderRegistry
-from tasks.providers.base import Provider
-from tasks.providers.scaleway import ScalewayProvider
 from tests.fleet.emulator import InstanceEmulator
 
 FLEET_REDIS_URL = os.environ.get("MURMUR_FLEET_TEST_REDIS_URL", "redis://127.0.0.1:6379/14")

@@ -11,13 +11,13 @@ import sys
 
 import redis
 
+from app.celery_config import make_celery
 from app.config import Settings
 from app.db import Database
-from tasks.celery_app import make_celery
-from tasks.fleet.reconcile import reconcile
-from tasks.fleet.services import FleetServices
-from tasks.providers import ProviderRegistry
-from tasks.providers.scaleway import ScalewayProvider
+from app.fleet.providers import ProviderRegistry
+from app.fleet.providers.scaleway import ScalewayProvider
+from app.fleet.reconcile import reconcile
+from app.fleet.services import FleetServices
 
 
 def main(raw: str) -> None:

@@ -26,13 +26,13 @@ from sqlalchemy import event
 
 from app.config import LOCAL_CPU_PROFILE, Settings
 from app.credentials import InstanceCredential, broker_password
+from app.fleet import broker_users
+from app.fleet.apply import _teardown
+from app.fleet.reconcile import LOCK_KEY
 from app.models import WorkerState
 from app.observability.store import BROKER_USERS_RECREATED_KEY, snapshot_key
 from app.transitions import move_worker
 from gpu_worker.broker import unacked_keys
-from tasks.fleet import broker_users
-from tasks.fleet.apply import _teardown
-from tasks.fleet.reconcile import LOCK_KEY
 from tests.fleet.conftest import L4, SIGNING_KEY, Fleet, MakeFleet
 
 CONTROL_PASSWORD = "control-plane-password-" + "c" * 24
@@ -516,7 +516,7 @@ def test_a_worker_retired_while_its_user_is_re_created_loses_it_again(
 
     def retire() -> None:
         # Another run retires the worker after the sweep read it as live: row first, then
-        # user (the order of tasks.fleet.apply), both before the sweep's ACL SETUSER.
+        # user (the order of app.fleet.apply), both before the sweep's ACL SETUSER.
         with fleet.db.session() as s:
             move_worker(
                 s, worker.id, [WorkerState.BOOTING, WorkerState.CREATING], WorkerState.DELETING

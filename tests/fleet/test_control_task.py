@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-import tasks.fleet.services as services
-from tasks.celery_app import CONTROL_QUEUE, celery_app
+import tasks.control as control
+from app.celery_config import CONTROL_QUEUE, CONTROL_TASKS
+from tasks.celery_app import celery_app
 from tasks.control import reconcile
 from tests.fleet.conftest import MakeFleet
 
 
 def test_the_beat_schedule_names_the_task() -> None:
+    celery_app.loader.import_default_modules()  # what a worker imports at start (`include`)
+    for task in CONTROL_TASKS:  # each named once, registered under that name, on `control`
+        assert celery_app.tasks[task.name].name == task.name
+        assert celery_app.conf.task_routes[task.name] == {"queue": CONTROL_QUEUE}
     entry = celery_app.conf.beat_schedule["reconcile"]
     assert entry["task"] == "murmur.control.reconcile" == reconcile.name
     assert celery_app.tasks["murmur.control.reconcile"].name == reconcile.name
@@ -22,7 +27,7 @@ def test_the_task_runs_one_reconcile(
 ) -> None:
     fleet = make_fleet()
     fleet.add_jobs(1)
-    monkeypatch.setattr(services, "_PROCESS", fleet.svc)
+    monkeypatch.setattr(control, "_PROCESS", fleet.svc)
     result = reconcile.run()
     assert result["ran"] is True and result["actions"] == 1
     assert result["planned_hourly_eur"] == pytest.approx(0.75)

@@ -10,9 +10,9 @@ from __future__ import annotations
 from datetime import timedelta
 
 from app.fleet.planner import Provision
+from app.jobs.dispatch import dispatch_job
 from app.jobs.service import routable_profile
 from app.models import Job, JobStatus, ProfileState, Worker, WorkerState
-from tasks.dispatch import dispatch_job
 from tests.fleet.conftest import Fleet, MakeFleet
 from tests.fleet.test_reconcile import live, servers_in, settle_teardown
 

@@ -9,16 +9,16 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
+from app.fleet.apply import apply_plan
 from app.fleet.cli import render
 from app.fleet.planner import Delete, plan_fleet
 from app.fleet.service import fleet_overview
+from app.fleet.snapshot import as_utc, read_snapshot
+from app.jobs.dispatch import dispatch_job
 from app.jobs.service import cancel_job
 from app.models import JobStatus, WorkerState
 from app.observability.collector import MurmurCollector
 from app.observability.exposition import encode_text
-from tasks.dispatch import dispatch_job
-from tasks.fleet.apply import apply_plan
-from tasks.fleet.snapshot import as_utc, read_snapshot
 from tests.fleet.conftest import L4, P100, Fleet, MakeFleet
 
 NOTHING = {"servers": 0, "ips": 0, "volumes": 0}

@@ -16,12 +16,12 @@ import redis
 import requests
 from sqlalchemy import select
 
+from app.celery_config import make_celery
+from app.fleet.providers import ProviderRegistry
+from app.fleet.providers.local import LocalProvider
+from app.fleet.reconcile import reconcile
+from app.fleet.services import FleetServices, utc_clock
 from app.models import Worker, WorkerState
-from tasks.celery_app import make_celery
-from tasks.fleet.reconcile import reconcile
-from tasks.fleet.services import FleetServices, utc_clock
-from tasks.providers import ProviderRegistry
-from tasks.providers.local import LocalProvider
 from tests.conftest import FIXTURES, REDIS_URL, LiveApi, api_get, auth, wait_for
 
 pytestmark = pytest.mark.slow

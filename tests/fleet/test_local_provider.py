@@ -15,9 +15,9 @@ import pytest
 from app.config import LOCAL_CPU_PROFILE, Profile, Settings
 from app.credentials import InstanceCredential
 from app.fleet.cloudinit import worker_environment
+from app.fleet.providers.base import OutOfStock
+from app.fleet.providers.local import LocalProvider, out_of_stock_from_env
 from app.models import WorkerState
-from tasks.providers.base import OutOfStock
-from tasks.providers.local import LocalProvider, out_of_stock_from_env
 from tests.fleet.conftest import SIGNING_KEY, MakeFleet
 
 FAKE_WORKER = """
@@ -210,7 +210,7 @@ def test_local_fleet_falls_back_and_cleans_up(
 SPAWNER = """
 import json, sys, time
 from app.config import LOCAL_CPU_PROFILE
-from tasks.providers.local import LocalProvider
+from app.fleet.providers.local import LocalProvider
 provider = LocalProvider(None, state_dir=sys.argv[1], command=json.loads(sys.argv[2]))
 instance = provider.create(LOCAL_CPU_PROFILE, "wrk_z", lambda i, r: {"MURMUR_WORKER_ID": "wrk_z"})
 print(instance.instance_id, flush=True)
@@ -249,9 +249,9 @@ def test_stopping_the_stack_deletes_every_local_worker(
     from sqlalchemy import select
 
     from app.db import Database
+    from app.fleet.teardown import delete_all_local_workers
     from app.migrate import upgrade
     from app.models import Worker
-    from tasks.fleet.teardown import delete_all_local_workers
 
     url = f"sqlite:///{tmp_path}/murmur.db"
     upgrade(url)

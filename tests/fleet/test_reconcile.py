@@ -10,11 +10,11 @@ from sqlalchemy import update
 
 from app.credentials import InstanceCredential
 from app.fleet.cloudinit import USER_DATA_LIMIT_BYTES
+from app.fleet.providers.base import worker_tags
+from app.fleet.reconcile import LISTENING_KEY, LOCK_KEY, listening_since
 from app.fleet.service import read_plan
 from app.models import Job, JobStatus, Worker, WorkerState
 from app.observability.store import FRESHNESS_KEY, PROVISION_ATTEMPTS_KEY, snapshot_key
-from tasks.fleet.reconcile import LISTENING_KEY, LOCK_KEY, listening_since
-from tasks.providers.base import worker_tags
 from tests.fleet.conftest import L4, P100, SIGNING_KEY, T0, Fleet, MakeFleet
 
 LIVE = (
@@ -616,7 +616,7 @@ def test_one_run_at_a_time(make_fleet: MakeFleet) -> None:
 
 def test_an_idle_worker_that_got_work_since_the_plan_is_kept(make_fleet: MakeFleet) -> None:
     """The plan saw the worker idle; the API dispatched to its profile before the apply."""
-    from tasks.fleet.apply import _teardown
+    from app.fleet.apply import _teardown
 
     fleet = make_fleet()
     fleet.add_jobs(1)
@@ -644,8 +644,8 @@ def test_a_usage_report_in_redis_counts_as_the_heartbeat(make_fleet: MakeFleet) 
     """Reports refresh liveness in Redis only; the snapshot takes the later of both records."""
     from datetime import timedelta
 
+    from app.fleet.snapshot import read_snapshot
     from app.observability.store import FRESHNESS_KEY
-    from tasks.fleet.snapshot import read_snapshot
 
     fleet = make_fleet()
     fleet.add_jobs(1)

@@ -22,15 +22,15 @@ from typing import Any
 import redis
 
 from app.config import Profile
+from app.fleet.lease import Lease, LeaseLost
 from app.fleet.liveness import RECONCILED_KEY, last_reconciled
+from app.fleet.providers import ProviderRegistry
+from app.fleet.providers.base import Bind, Instance, Provider, Teardown
+from app.fleet.providers.scaleway import ScalewayProvider
+from app.fleet.reconcile import LOCK_KEY, reconcile
+from app.fleet.services import FleetServices, utc_clock
 from app.models import WorkerState
 from tasks.control import due
-from tasks.fleet.lease import Lease, LeaseLost
-from tasks.fleet.reconcile import LOCK_KEY, reconcile
-from tasks.fleet.services import FleetServices, utc_clock
-from tasks.providers import ProviderRegistry
-from tasks.providers.base import Bind, Instance, Provider, Teardown
-from tasks.providers.scaleway import ScalewayProvider
 from tests.fleet.conftest import (
     ACCESS_KEY,
     FLEET_REDIS_URL,

@@ -15,10 +15,10 @@ from typing import Any
 
 from app.config import Profile
 from app.fleet.liveness import control_plane_problem, last_reconciled
+from app.fleet.providers import ProviderRegistry
+from app.fleet.providers.base import Bind, Instance, Provider, Teardown
 from app.models import Worker, WorkerState
 from tasks.control import due
-from tasks.providers import ProviderRegistry
-from tasks.providers.base import Bind, Instance, Provider, Teardown
 from tests.fleet.conftest import L4, P100, Fleet, MakeFleet
 
 

@@ -9,14 +9,14 @@ from __future__ import annotations
 import pytest
 import redis
 
+from app.celery_config import make_celery
+from app.fleet.apply import apply_plan
+from app.fleet.lease import LeaseLost
 from app.fleet.planner import Requeue, plan_fleet
+from app.fleet.snapshot import read_snapshot
+from app.jobs.dispatch import withdraw_messages
 from app.models import JobStatus, WorkerState
 from gpu_worker.protocol.broker import TRANSCRIBE_TASK
-from tasks.celery_app import make_celery
-from tasks.dispatch import withdraw_messages
-from tasks.fleet.apply import apply_plan
-from tasks.fleet.lease import LeaseLost
-from tasks.fleet.snapshot import read_snapshot
 from tests.fleet.conftest import FLEET_REDIS_URL, L4, MakeFleet, fleet_settings
 
 

@@ -10,8 +10,7 @@ import pytest
 
 from app.config import Profile, Settings
 from app.fleet.cloudinit import USER_DATA_LIMIT_BYTES, render_user_data, worker_environment
-from app.observability import PROVISION_OUTCOMES
-from tasks.providers.base import (
+from app.fleet.providers.base import (
     InvalidArgument,
     OutOfStock,
     PermissionDenied,
@@ -21,7 +20,8 @@ from tasks.providers.base import (
     QuotaExceeded,
     bounded,
 )
-from tasks.providers.scaleway import ScalewayProvider
+from app.fleet.providers.scaleway import ScalewayProvider
+from app.observability import PROVISION_OUTCOMES
 from tests.fleet.conftest import L4, P100, fleet_settings
 from tests.fleet.emulator import InstanceEmulator
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from app.config import Settings
-from tasks.providers.base import (
+from app.fleet.providers.base import (
     InvalidArgument,
     OutOfStock,
     PermissionDenied,
@@ -19,7 +19,7 @@ from tasks.providers.base import (
     ProviderUnavailable,
     QuotaExceeded,
 )
-from tasks.providers.scaleway import (
+from app.fleet.providers.scaleway import (
     DELETE,
     MAX_DETAIL,
     POWEROFF,

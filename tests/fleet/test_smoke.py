@@ -17,14 +17,14 @@ import redis
 from click.testing import CliRunner
 from sqlalchemy import select
 
+from app.celery_config import make_celery
 from app.cli import main as murmur
 from app.config import LOCAL_CPU_PROFILE
+from app.fleet.providers import ProviderRegistry
+from app.fleet.providers.local import LocalProvider
+from app.fleet.services import FleetServices
+from app.fleet.smoke import PHASES, SmokeRefused, render, run_smoke
 from app.models import Job, Worker, WorkerState
-from tasks.celery_app import make_celery
-from tasks.fleet.services import FleetServices
-from tasks.fleet.smoke import PHASES, SmokeRefused, render, run_smoke
-from tasks.providers import ProviderRegistry
-from tasks.providers.local import LocalProvider
 from tests.conftest import REDIS_URL, LiveApi, wait_for
 
 pytestmark = pytest.mark.slow

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from app.config import Profile
+from app.fleet.services import FleetServices
+from app.fleet.smoke import SmokeInterrupted, SmokeRefused, render, run_smoke, worst_case_eur
 from app.models import Job, JobStatus, Worker, WorkerState, new_id
-from tasks.fleet.services import FleetServices
-from tasks.fleet.smoke import SmokeInterrupted, SmokeRefused, render, run_smoke, worst_case_eur
 from tests.fleet.conftest import L4, P100, MakeFleet
 from tests.fleet.emulator import InstanceEmulator
 

@@ -23,9 +23,9 @@ from werkzeug.serving import make_server
 
 from app import create_app
 from app.db import Database
+from app.fleet.broker_users import broker_db, user_name
+from app.fleet.smoke import PHASES, process_services, render, run_smoke
 from app.models import Worker, WorkerState
-from tasks.fleet.broker_users import broker_db, user_name
-from tasks.fleet.smoke import PHASES, process_services, render, run_smoke
 from tests.conftest import FIXTURES, REDIS_URL, free_port, make_settings
 from tests.fleet.conftest import ACCESS_KEY, PROJECT_ID, SECRET_KEY, WORKER_IMAGE
 from tests.fleet.emulator import CATALOG, InstanceEmulator

@@ -16,9 +16,9 @@ from app.config import Settings
 from app.db import Database
 from app.fleet.cli import fleet_command
 from app.fleet.planner import FleetPlan, ProfilePlan
+from app.fleet.reconcile import publish_plan
 from app.migrate import upgrade
 from app.models import ProfileState, Worker, WorkerState, utcnow
-from tasks.fleet.reconcile import publish_plan
 from tests.fleet.conftest import FLEET_REDIS_URL, L4, P100, SIGNING_KEY
 
 ADMIN = "fleet-admin-token-" + "z" * 32

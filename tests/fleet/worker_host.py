@@ -3,7 +3,7 @@
 When the emulator accepts a `poweron`, the server's cloud-init user data is read the way the
 instance would read it — the root-only env file it writes (app/fleet/cloudinit.py) — and a
 real `python -m gpu_worker run` is started with exactly that environment through the local
-provider (tasks/providers/local.py), which already knows how to start, track and stop one.
+provider (app/fleet/providers/local.py), which already knows how to start, track and stop one.
 There is no Docker here: the env file is what reaches the worker either way. When the server
 is asked to stop, its worker gets SIGTERM (SIGKILL after the grace), as systemd would send.
 """
@@ -18,8 +18,8 @@ import yaml
 
 from app.config import LOCAL_CPU_PROFILE
 from app.fleet.cloudinit import ENV_FILE
-from tasks.providers.local import LocalProvider
-from tasks.providers.scaleway import USER_DATA_KEY
+from app.fleet.providers.local import LocalProvider
+from app.fleet.providers.scaleway import USER_DATA_KEY
 
 
 def env_file_of(user_data: bytes) -> dict[str, str]:

@@ -21,13 +21,13 @@ from sqlalchemy import select
 from werkzeug.serving import make_server
 
 from app import create_app
+from app.celery_config import make_celery
 from app.db import Database
+from app.fleet.providers import ProviderRegistry
+from app.fleet.providers.local import LocalProvider
+from app.fleet.reconcile import reconcile
+from app.fleet.services import FleetServices, utc_clock
 from app.models import Worker
-from tasks.celery_app import make_celery
-from tasks.fleet.reconcile import reconcile
-from tasks.fleet.services import FleetServices, utc_clock
-from tasks.providers import ProviderRegistry
-from tasks.providers.local import LocalProvider
 from tests.conftest import (
     API_TOKEN,
     FIXTURES,

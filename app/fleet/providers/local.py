@@ -25,7 +25,7 @@ from typing import Any
 import psutil
 
 from app.config import Profile, Settings
-from tasks.providers.base import Bind, Instance, OutOfStock, ProviderUnavailable, Teardown
+from app.fleet.providers.base import Bind, Instance, OutOfStock, ProviderUnavailable, Teardown
 
 log = logging.getLogger("murmur.fleet.local")
 

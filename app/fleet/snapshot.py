@@ -24,7 +24,9 @@ from app.fleet.planner import (
     ProfileSnapshot,
     WorkerSnapshot,
 )
+from app.fleet.providers.base import Instance, ProviderError
 from app.fleet.service import queue_depths
+from app.fleet.services import FleetServices
 from app.models import (
     LIVE_WORKER_STATES,
     SEEN_STARTING_AT,
@@ -36,8 +38,6 @@ from app.models import (
     server_gone,
 )
 from app.observability.store import last_reports
-from tasks.fleet.services import FleetServices
-from tasks.providers.base import Instance, ProviderError
 
 log = logging.getLogger("murmur.fleet")
 

@@ -30,21 +30,21 @@ from typing import Any
 from sqlalchemy import or_
 
 from app.broker import redis_client
+from app.celery_config import make_celery
 from app.config import Profile, Settings
 from app.db import Database
 from app.fleet import readiness
+from app.fleet.apply import Outcome, apply_plan
 from app.fleet.catalog import billed_seconds
 from app.fleet.planner import Action, Delete, FleetPlan, FleetState, Provision
+from app.fleet.providers import ProviderRegistry
+from app.fleet.providers.base import ProviderError
+from app.fleet.services import FleetServices
+from app.fleet.snapshot import Snapshot, as_utc
+from app.jobs.dispatch import send_dispatched
 from app.models import LIVE_WORKER_STATES, Job, JobStatus, Worker, WorkerState, new_id, utcnow
 from app.storage import LocalAudioStore
 from app.transitions import move_job, move_worker
-from tasks.celery_app import make_celery
-from tasks.dispatch import send_dispatched
-from tasks.fleet.apply import Outcome, apply_plan
-from tasks.fleet.services import FleetServices
-from tasks.fleet.snapshot import Snapshot, as_utc
-from tasks.providers import ProviderRegistry
-from tasks.providers.base import ProviderError
 
 log = logging.getLogger("murmur.fleet.smoke")
 

@@ -1,6 +1,6 @@
 """One reconcile run: take the Redis lock, read the fleet, plan, apply, publish the plan.
 
-Only one run acts at a time: the lock is a short lease (tasks.fleet.lease) that a watchdog
+Only one run acts at a time: the lock is a short lease (app.fleet.lease) that a watchdog
 thread renews while the run is alive, so a control worker that dies is replaced within one
 lease, however long a live run takes; the run checks it still holds the lease before every
 action and stops at once if not. After an out-of-stock answer the run reads and plans again, so
@@ -20,14 +20,14 @@ from typing import Any
 
 import redis
 
+from app.fleet import broker_users
+from app.fleet.apply import Outcome, apply_plan
+from app.fleet.lease import Lease, LeaseLost
 from app.fleet.liveness import record_reconciled, record_started
 from app.fleet.planner import FleetPlan, plan_fleet
 from app.fleet.service import PLAN_KEY
-from tasks.fleet import broker_users
-from tasks.fleet.apply import Outcome, apply_plan
-from tasks.fleet.lease import Lease, LeaseLost
-from tasks.fleet.services import FleetServices
-from tasks.fleet.snapshot import read_snapshot
+from app.fleet.services import FleetServices
+from app.fleet.snapshot import read_snapshot
 
 log = logging.getLogger("murmur.fleet")
 

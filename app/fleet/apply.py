@@ -1,7 +1,7 @@
 """Carry out a FleetPlan: provider calls, worker rows, profile back-off, job dispatch.
 
 Every step is safe to repeat: rows move by compare-and-set, a teardown picks up where the last
-one stopped, and dispatch/requeue go through tasks.dispatch. No database transaction is held
+one stopped, and dispatch/requeue go through app.jobs.dispatch. No database transaction is held
 open across a provider call. Out-of-stock is the one failure that ends the round early: the
 caller re-plans, and the next profile in order gets its chance within the same run.
 """
@@ -20,7 +20,8 @@ import redis
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from app.config import Profile
+from app.config import FleetSettings, Profile
+from app.fleet import broker_users
 from app.fleet.cloudinit import worker_environment
 from app.fleet.planner import (
     NOT_NEEDED,
@@ -36,6 +37,15 @@ from app.fleet.planner import (
     Provision,
     Requeue,
 )
+from app.fleet.providers.base import (
+    Instance,
+    OutOfStock,
+    ProviderError,
+    Teardown,
+)
+from app.fleet.services import FleetServices
+from app.fleet.snapshot import Snapshot
+from app.jobs.dispatch import dispatch_job, requeue_job, withdraw_messages
 from app.jobs.service import announce_finished, fail_job, get_job
 from app.models import (
     LIVE_WORKER_STATES,
@@ -51,16 +61,6 @@ from app.models import (
 )
 from app.observability import forget_worker, record_provision_attempt
 from app.transitions import move_worker
-from tasks.dispatch import dispatch_job, requeue_job, withdraw_messages
-from tasks.fleet import broker_users
-from tasks.fleet.services import FleetServices
-from tasks.fleet.snapshot import Snapshot
-from tasks.providers.base import (
-    Instance,
-    OutOfStock,
-    ProviderError,
-    Teardown,
-)
 
 log = logging.getLogger("murmur.fleet")
 
@@ -290,10 +290,7 @@ def _failed_boot(svc: FleetServices, profile: str, reason: str) -> bool:
         state.consecutive_failed_boots = (state.consecutive_failed_boots or 0) + 1
         boots = state.consecutive_failed_boots
         if boots >= fleet.max_failed_boots:
-            seconds = min(
-                fleet.backoff_seconds * 2 ** (boots - fleet.max_failed_boots),
-                fleet.backoff_max_seconds,
-            )
+            seconds = _backoff_seconds(fleet, boots - fleet.max_failed_boots + 1)
             state.retry_at = now + timedelta(seconds=seconds)
             said = f"{boots} workers in a row never became ready (last: {reason})"
             state.last_error = said[:300]
@@ -460,6 +457,12 @@ def _creation_failed(svc: FleetServices, worker_id: str, exc: ProviderError) -> 
             move_worker(s, worker_id, _CREATED_OR_LIVE, WorkerState.FAILED, deleted_at=now)
 
 
+def _backoff_seconds(fleet: FleetSettings, in_a_row: int) -> float:
+    """The wait after the `in_a_row`-th failure in a row: doubling from fleet.backoff_seconds,
+    capped at fleet.backoff_max_seconds."""
+    return min(fleet.backoff_seconds * 2.0 ** (in_a_row - 1), fleet.backoff_max_seconds)
+
+
 def _stocked_out(svc: FleetServices, profile: Profile, exc: ProviderError) -> None:
     fleet = svc.settings.fleet
     now = svc.clock()
@@ -467,10 +470,7 @@ def _stocked_out(svc: FleetServices, profile: Profile, exc: ProviderError) -> No
         state = _profile_state(s, profile.name)
         state.consecutive_stockouts = (state.consecutive_stockouts or 0) + 1
         # Doubles with each stock-out in a row, capped, so a long shortage costs few API calls.
-        seconds = min(
-            fleet.backoff_seconds * 2 ** (state.consecutive_stockouts - 1),
-            fleet.backoff_max_seconds,
-        )
+        seconds = _backoff_seconds(fleet, state.consecutive_stockouts)
         state.backoff_until = now + timedelta(seconds=seconds)
         state.last_error = exc.reason
         state.last_error_at = now
@@ -491,9 +491,7 @@ def _hold(svc: FleetServices, profile: Profile, exc: ProviderError) -> None:
         state.consecutive_errors = (state.consecutive_errors or 0) + 1
         # Doubles with each error in a row, capped like the stock-out back-off: an error an
         # operator must fix is not retried every few seconds all night.
-        seconds = min(
-            fleet.backoff_seconds * 2 ** (state.consecutive_errors - 1), fleet.backoff_max_seconds
-        )
+        seconds = _backoff_seconds(fleet, state.consecutive_errors)
         retry = now + timedelta(seconds=seconds)
         state.last_error = exc.reason
         state.last_error_at = now

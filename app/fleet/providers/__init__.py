@@ -5,19 +5,19 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from app.config import Settings
-from tasks.providers.base import Provider, ProviderError
+from app.fleet.providers.base import Provider, ProviderError
 
 _FACTORIES: dict[str, Callable[[Settings], Provider]] = {}
 
 
 def _scaleway(settings: Settings) -> Provider:
-    from tasks.providers.scaleway import ScalewayProvider  # the SDK loads only when used
+    from app.fleet.providers.scaleway import ScalewayProvider  # the SDK loads only when used
 
     return ScalewayProvider(settings)
 
 
 def _local(settings: Settings) -> Provider:
-    from tasks.providers.local import LocalProvider
+    from app.fleet.providers.local import LocalProvider
 
     return LocalProvider(settings)
 

@@ -26,8 +26,7 @@ from scaleway.instance.v1.custom_api import InstanceUtilsV1API
 from app.config import Profile, Settings
 from app.fleet.cloudinit import render_user_data
 from app.fleet.planner import STOPPED_STATES, stock_detail
-from gpu_worker.protocol.redaction import redact
-from tasks.providers.base import (
+from app.fleet.providers.base import (
     FLEET_TAG,
     PROFILE_TAG,
     WORKER_TAG,
@@ -45,6 +44,7 @@ from tasks.providers.base import (
     tag_value,
     worker_tags,
 )
+from gpu_worker.protocol.redaction import redact
 
 log = logging.getLogger("murmur.fleet.scaleway")
 

@@ -12,8 +12,8 @@ from celery import Celery
 from app.config import Settings
 from app.db import Database
 from app.fleet.planner import FleetRules
+from app.fleet.providers import ProviderRegistry
 from gpu_worker.protocol.usage import heartbeat_timeout_seconds
-from tasks.providers import ProviderRegistry
 
 # How long a REQUESTED/CREATING row may exist: the provider calls of one create, plus slack.
 _CREATE_CALLS = 4
@@ -51,24 +51,3 @@ class FleetServices:
             outage_timeout=timedelta(seconds=10 * obs.report_interval_seconds),
             max_hourly_eur=self.settings.budget.max_hourly_eur,
         )
-
-
-def process_services() -> FleetServices:
-    """The services of this Celery process (built once; see tasks.context)."""
-    from tasks import context
-    from tasks.celery_app import celery_app
-
-    global _PROCESS
-    if _PROCESS is None:
-        settings = context.settings()
-        _PROCESS = FleetServices(
-            settings=settings,
-            db=context.database(),
-            redis=context.redis_client(),
-            celery=celery_app,
-            providers=ProviderRegistry(settings),
-        )
-    return _PROCESS
-
-
-_PROCESS: FleetServices | None = None

@@ -8,9 +8,9 @@ from sqlalchemy import func, select
 
 from app.config import load_settings
 from app.db import Database
+from app.fleet.providers.local import LocalProvider
 from app.models import Worker, WorkerState, utcnow
 from app.transitions import WORKER_MOVES, move_worker
-from tasks.providers.local import LocalProvider
 
 log = logging.getLogger("murmur.fleet")
 

@@ -44,11 +44,11 @@ from sqlalchemy import select
 
 from app.config import Profile, Settings
 from app.credentials import broker_password
+from app.fleet.providers.base import ProviderError
+from app.fleet.services import FleetServices
 from app.models import LIVE_WORKER_STATES, Worker
 from app.observability import record_broker_user_recreated
 from gpu_worker.broker import unacked_keys
-from tasks.fleet.services import FleetServices
-from tasks.providers.base import ProviderError
 
 log = logging.getLogger("murmur.fleet")
 
@@ -297,7 +297,7 @@ def restore_users(
 
     `users` was listed before the rows in `live` were read: a user created in between (a
     worker being provisioned) is reset to the same password and rules, which changes
-    nothing. A worker retired in between has its row deleted before its user (tasks.fleet.
+    nothing. A worker retired in between has its row deleted before its user (app.fleet.
     apply), so the re-read below sees it and its user is deleted again. The ids re-created.
     """
     have = set(users)

@@ -1,0 +1,102 @@
+"""The control plane's Celery app, as configuration: broker settings, reliability options,
+the beat schedule, and the control queue's tasks, each named once (`ControlTask`).
+
+The same broker carries the `control` queue (reconcile, URL fetches, webhooks) and one
+`transcribe.<profile>` queue per profile, which only GPU workers consume; the task and
+queue names and the visibility timeout are the wire contract's (gpu_worker/protocol/broker.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from celery import Celery
+
+from app.broker import celery_broker_settings
+from app.config import Settings
+from app.redis_primary import broker_transport_options
+from gpu_worker.protocol.broker import VISIBILITY_TIMEOUT_SECONDS
+
+CONTROL_QUEUE = "control"
+
+
+@dataclass(frozen=True)
+class ControlTask:
+    """A task of the control queue. The domain that needs it sends it through this object;
+    tasks/ registers its body under `name`. Nowhere else is the name spelled."""
+
+    name: str
+
+    def send(self, celery: Celery, *args: str, **options: Any) -> None:
+        celery.send_task(self.name, args=list(args), queue=CONTROL_QUEUE, **options)
+
+
+RECONCILE = ControlTask("murmur.control.reconcile")
+FETCH_AUDIO = ControlTask("murmur.control.fetch_audio")
+DELIVER_WEBHOOK = ControlTask("murmur.control.deliver_webhook")
+SWEEP_WEBHOOKS = ControlTask("murmur.control.sweep_webhooks")
+SWEEP_RETENTION = ControlTask("murmur.control.sweep_retention")
+CONTROL_TASKS = (RECONCILE, FETCH_AUDIO, DELIVER_WEBHOOK, SWEEP_WEBHOOKS, SWEEP_RETENTION)
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    return {
+        # rediss://: the broker's certificate is always verified (gpu_worker/broker_tls.py).
+        **celery_broker_settings(settings),
+        "broker_connection_retry_on_startup": True,
+        # An API request that finds the broker down answers quickly instead of hanging.
+        "broker_connection_timeout": 2.0,
+        "broker_transport_options": {
+            "visibility_timeout": VISIBILITY_TIMEOUT_SECONDS,
+            **broker_transport_options(settings),
+        },
+        "visibility_timeout": VISIBILITY_TIMEOUT_SECONDS,
+        "task_ignore_result": True,
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
+        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        # The control worker takes no remote control (shutdown, revoke, pool changes): GPU
+        # workers share its broker. Flower and `celery inspect` get no answer from it; its
+        # events still show it (docs/deploy-workers.md, "The broker").
+        "worker_enable_remote_control": False,
+        "task_default_queue": CONTROL_QUEUE,
+        "task_routes": {task.name: {"queue": CONTROL_QUEUE} for task in CONTROL_TASKS},
+        "beat_schedule": {
+            "reconcile": {
+                "task": RECONCILE.name,
+                "schedule": settings.fleet.reconcile_interval_seconds,
+                "options": {
+                    "queue": CONTROL_QUEUE,
+                    "expires": settings.fleet.reconcile_interval_seconds,
+                },
+            },
+            # Webhook retries are due times in the database, not ETA tasks Redis could lose.
+            "webhooks": {
+                "task": SWEEP_WEBHOOKS.name,
+                "schedule": settings.fleet.reconcile_interval_seconds,
+                "options": {
+                    "queue": CONTROL_QUEUE,
+                    "expires": settings.fleet.reconcile_interval_seconds,
+                },
+            },
+            "retention": {
+                "task": SWEEP_RETENTION.name,
+                "schedule": settings.retention.sweep_interval_seconds,
+                "options": {
+                    "queue": CONTROL_QUEUE,
+                    "expires": settings.retention.sweep_interval_seconds,
+                },
+            },
+        },
+        "timezone": "UTC",
+    }
+
+
+def make_celery(settings: Settings) -> Celery:
+    app = Celery("murmur")
+    app.conf.update(celery_config(settings))
+    return app

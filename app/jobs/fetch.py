@@ -1,0 +1,126 @@
+"""Fetching a URL job's audio: SSRF-checked, size- and time-capped, probed, then dispatched.
+
+A URL job is queued without audio; this is its only path forward, so every way it can go wrong
+ends the job with a reason (`url_fetch_failed`, `url_too_large`, `url_not_audio`, ...), and a
+redelivery after success or a cancellation meanwhile does nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+from pathlib import Path
+
+import redis
+import requests
+from celery import Celery
+from sqlalchemy import update
+
+from app.audio import probe_audio
+from app.config import Settings
+from app.db import Database, rows_changed
+from app.deadline import exchange_deadline
+from app.errors import Refused
+from app.jobs import service
+from app.models import Job, JobStatus
+from app.storage import LocalAudioStore
+from app.urls import check_url, pinned_session
+
+log = logging.getLogger(__name__)
+
+FETCH_TIMEOUT = (5.0, 30.0)  # connect, read (each socket read)
+# The whole exchange: connect, headers and body (app/deadline.py enforces it; a read timeout
+# alone lets a server dripping bytes hold a worker for ever).
+FETCH_DEADLINE_SECONDS = 300
+
+
+def fetch_audio(
+    settings: Settings, db: Database, r: redis.Redis, celery: Celery, job_id: str
+) -> None:
+    """Download a URL job's audio (SSRF-checked, size-capped), store it, then dispatch it."""
+    job = service.get_job(db, job_id)
+    if job.status != JobStatus.QUEUED.value or job.audio_key is not None or not job.source_url:
+        return  # redelivered after success, or cancelled meanwhile
+    store = LocalAudioStore(settings.storage_path)
+    fail = partial(_fail, db, r, celery, job_id)
+    staged = store.staging_path()
+    limit = settings.api.max_upload_bytes
+    try:
+        checked = check_url(job.source_url, allow_private=settings.api.allow_private_urls)
+        with (
+            pinned_session(checked) as http,
+            exchange_deadline(http, FETCH_DEADLINE_SECONDS) as deadline,
+        ):
+            try:
+                size = _download(http, checked.url, staged, limit)
+            except Exception:
+                if deadline.fired:
+                    raise _too_slow() from None
+                raise
+            if deadline.fired:  # a response without a length just looks as if it ended
+                raise _too_slow()
+        info = probe_audio(staged, settings.api.max_audio_seconds)
+    except Refused as err:
+        staged.unlink(missing_ok=True)
+        code = "url_not_audio" if err.code in ("invalid_audio", "empty_file") else err.code
+        message = err.message if code != "url_not_audio" else f"the URL's content: {err.message}"
+        fail(code, message)
+        return
+    except requests.RequestException as exc:
+        staged.unlink(missing_ok=True)
+        fail("url_fetch_failed", f"fetching the URL failed: {type(exc).__name__}")
+        return
+    except Exception as exc:
+        # Anything else (disk full, a decoder error) must still end the job: a URL job left
+        # queued without audio has no other path forward.
+        staged.unlink(missing_ok=True)
+        log.exception("fetching audio for %s failed", job_id)
+        fail("url_fetch_failed", f"storing the URL's content failed: {type(exc).__name__}")
+        return
+    key = staged.name + ".audio"
+    store.commit(staged, key)
+    with db.session() as s:
+        moved = rows_changed(
+            s,
+            update(Job)
+            .where(Job.id == job_id, Job.status == JobStatus.QUEUED.value, Job.audio_key.is_(None))
+            .values(audio_key=key, size_bytes=size, duration_seconds=info.duration_seconds),
+        )
+    if not moved:
+        store.delete(key)
+        return
+    service.try_dispatch_now(db, settings, celery, job_id)
+
+
+def _too_slow() -> Refused:
+    return Refused("url_fetch_failed", f"the URL did not deliver within {FETCH_DEADLINE_SECONDS} s")
+
+
+def _download(http: requests.Session, url: str, staged: Path, limit: int) -> int:
+    """Stream the URL's content into `staged`, refusing more than `limit` bytes; its size."""
+    response = http.get(url, stream=True, timeout=FETCH_TIMEOUT, allow_redirects=False)
+    if response.status_code != 200:
+        raise Refused("url_fetch_failed", f"the URL answered HTTP {response.status_code}")
+    declared = response.headers.get("Content-Length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise Refused(
+            "url_too_large", f"the URL's content is larger than the limit of {limit} bytes"
+        )
+    size = 0
+    with staged.open("wb") as out:
+        for chunk in response.iter_content(chunk_size=256 * 1024):
+            size += len(chunk)
+            if size > limit:
+                raise Refused(
+                    "url_too_large",
+                    f"the URL's content is larger than the limit of {limit} bytes",
+                )
+            out.write(chunk)
+    return size
+
+
+def _fail(
+    db: Database, r: redis.Redis, celery: Celery, job_id: str, code: str, message: str
+) -> None:
+    if service.fail_job(db, job_id, code, message):
+        service.announce_finished(r, celery, service.get_job(db, job_id))

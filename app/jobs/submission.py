@@ -1,0 +1,119 @@
+"""Submitting a job: what happens between a parsed request and the client's 202.
+
+An upload is stored, then its row is inserted pointing at it, then it is sent to a queue; a
+URL job's row is inserted, then its fetch is queued. Invariants: a job row exists before any
+message names it; audio no row refers to is deleted (a refused, failed or replayed insert);
+a job a broker refused to queue is either kept queued for the reconcile (an upload: its audio
+is stored) or removed before the client hears of it (a URL job: nothing of the client's is
+stored yet). An idempotent repeat returns the first job and stores nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Protocol
+
+from celery import Celery
+
+from app.audio import probe_audio
+from app.celery_config import FETCH_AUDIO
+from app.config import Settings
+from app.db import Database
+from app.errors import Refused
+from app.jobs import idempotency, service
+from app.jobs.dispatch import send_dispatched
+from app.models import Job, JobStatus
+from app.storage import AudioStore
+
+
+class Upload(Protocol):
+    """The uploaded file as the HTTP layer holds it (werkzeug's FileStorage is one)."""
+
+    def save(self, dst: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class Submitter:
+    """What submitting needs, and nothing of HTTP."""
+
+    settings: Settings
+    db: Database
+    storage: AudioStore
+    celery: Celery
+    # Holds a slot of the bounded pool of slow probes for as long as its context lasts.
+    probe_slot: Callable[[], AbstractContextManager[None]]
+
+    def upload(
+        self, req: service.JobRequest, upload: Upload, digest: Callable[[], str]
+    ) -> tuple[Job, bool]:
+        """Store the upload and create its job (dispatched at once to a warm profile); the job
+        and whether it was created (False: an idempotent repeat)."""
+        key = req.idempotency_key
+        if key is not None:
+            req = replace(req, request_hash=idempotency.fingerprint(req, digest()))
+            existing = service.find_idempotent(self.db, req.owner, key)
+            if existing is not None:
+                return idempotency.replay(existing, req.request_hash), False
+        staged, size, duration = self._stage(upload)
+        audio_key = staged.name + ".audio"
+        try:
+            self.storage.commit(staged, audio_key)
+            job, created = service.insert_job(
+                self.db,
+                req,
+                self.settings,
+                audio_key=audio_key,
+                size_bytes=size,
+                duration_seconds=duration,
+            )
+        except BaseException:
+            # No row refers to the audio: a refused or failed insert must not leave it behind.
+            staged.unlink(missing_ok=True)
+            self.storage.delete(audio_key)
+            raise
+        if not created:
+            self.storage.delete(audio_key)
+            return idempotency.replay(job, req.request_hash), False
+        dispatched = job.status == JobStatus.DISPATCHED.value and job.profile is not None
+        if dispatched and not send_dispatched(self.db, self.celery, job.id, str(job.profile)):
+            job = service.get_job(self.db, job.id)  # back to queued: the reconcile retries
+        return job, True
+
+    def url(self, req: service.JobRequest) -> tuple[Job, bool]:
+        """Create a URL job and queue the fetch of its audio; the job and whether it was
+        created. Refuses `broker_unavailable` (and keeps nothing) if the fetch cannot be
+        queued."""
+        if req.idempotency_key is not None:
+            req = replace(req, request_hash=idempotency.fingerprint(req))
+        job, created = service.insert_job(self.db, req)
+        if not created:
+            return idempotency.replay(job, req.request_hash), False
+        try:
+            FETCH_AUDIO.send(self.celery, job.id, retry=False)
+        except Exception as exc:
+            service.delete_unstarted_job(self.db, job.id)
+            raise Refused(
+                "broker_unavailable", "the job queue is unavailable; retry shortly"
+            ) from exc
+        return job, True
+
+    def _stage(self, upload: Upload) -> tuple[Path, int, float]:
+        """Stream the upload to a staging file, enforce the size cap, probe it."""
+        limit = self.settings.api.max_upload_bytes
+        staged = self.storage.staging_path()
+        try:
+            upload.save(str(staged))
+            size = staged.stat().st_size
+            if size > limit:
+                raise Refused(
+                    "payload_too_large", f"the file is {size} bytes; the limit is {limit}"
+                )
+            with self.probe_slot():
+                info = probe_audio(staged, self.settings.api.max_audio_seconds)
+        except BaseException:
+            staged.unlink(missing_ok=True)
+            raise
+        return staged, size, info.duration_seconds

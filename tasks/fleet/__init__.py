@@ -1,1 +1,0 @@
-"""The imperative shell around the fleet planner: read the fleet, plan, apply, under a lock."""
