@@ -10,7 +10,7 @@ from scaleway.block.v1 import BlockV1API
 from scaleway.instance.v1.custom_api import InstanceUtilsV1API
 
 ROOT = Path(__file__).resolve().parents[2]
-PROVIDER = ROOT / "tasks" / "providers" / "scaleway.py"
+PROVIDER = ROOT / "app" / "fleet" / "providers" / "scaleway.py"
 POLICY = ROOT / "docs" / "iam-policy.md"
 APIS = {"_instance": ("instance", InstanceUtilsV1API), "_block": ("block", BlockV1API)}
 
