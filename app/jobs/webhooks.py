@@ -23,7 +23,7 @@ from app.models import FINISHED_STATES, Job
 OPEN_STATES = ("pending", "retrying")
 # One first try and six retries, 2, 4, ... 64 s apart: about two minutes in all, as before.
 MAX_ATTEMPTS = 7
-# Longer than one attempt can take (tasks/jobs.py WEBHOOK_DEADLINE_SECONDS bounds it, connect
+# Longer than one attempt can take (app/jobs/delivery.py WEBHOOK_DEADLINE_SECONDS bounds it, connect
 # to status line): a live deliverer's attempt is never taken over, a dead one's is retried
 # after this.
 LEASE = timedelta(seconds=60)
