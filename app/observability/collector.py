@@ -519,96 +519,16 @@ class MurmurCollector:
     def _workers(
         self, workers: Sequence[Any], shared: store.SharedState, now: float
     ) -> Iterator[Metric]:
-        worker_labels = ("profile", "worker")
-        age = SeriesFamily(
-            "murmur_worker_report_age_seconds",
-            "Seconds since the worker's last accepted usage report.",
-            "gauge",
-            worker_labels,
-        )
-        state = SeriesFamily(
-            "murmur_worker_reported_state",
-            "1 for the state the worker reported last (starting|loading|ready|busy|draining).",
-            "gauge",
-            (*worker_labels, "state"),
-        )
-        model_load = SeriesFamily(
-            "murmur_worker_model_load_seconds",
-            "How long the worker took to load its model.",
-            "gauge",
-            worker_labels,
-        )
-        transcriptions = SeriesFamily(
-            "murmur_worker_transcriptions",
-            "Transcriptions by this worker process and outcome (per process, best effort).",
-            "counter",
-            (*worker_labels, "outcome"),
-        )
-        processing = SeriesFamily(
-            "murmur_worker_processing_seconds",
-            "Seconds this worker process spent on jobs (per process, best effort).",
-            "counter",
-            worker_labels,
-        )
-        audio = SeriesFamily(
-            "murmur_worker_audio_seconds",
-            "Seconds of audio this worker process transcribed (per process, best effort).",
-            "counter",
-            worker_labels,
-        )
-        host = {
-            key: SeriesFamily(name, doc, "gauge", worker_labels) for key, name, doc in _HOST_FIELDS
-        }
-        gpu_labels = (*worker_labels, "gpu")
-        gpus = {key: SeriesFamily(name, doc, "gauge", gpu_labels) for key, name, doc in _GPU_FIELDS}
-        available = SeriesFamily(
-            "murmur_worker_gpu_telemetry_available",
-            "1 when the worker's last report carried at least one GPU reading, else 0.",
-            "gauge",
-            worker_labels,
-        )
-        missing_family = SeriesFamily(
-            "murmur_worker_readings_missing",
-            "Readings missing from the worker's last report, by reason.",
-            "gauge",
-            (*worker_labels, "reason"),
-        )
+        families = _WorkerFamilies.new()
         for w in workers:
             labels = (w.profile, w.id)
             received = shared.last_report.get(w.id)
             if received is not None:
-                age.add(labels, max(now - received, 0.0))
+                families.age.add(labels, max(now - received, 0.0))
             snapshot = shared.snapshots.get(w.id)
-            if snapshot is None:
-                continue
-            report = snapshot.report
-            state.add((*labels, str(report["state"])), 1.0)
-            if report.get("model_load_seconds") is not None:
-                model_load.add(labels, float(report["model_load_seconds"]))
-            done = report["transcriptions"]
-            transcriptions.add((*labels, "succeeded"), float(done["succeeded"]))
-            transcriptions.add((*labels, "failed"), float(done["failed"]))
-            processing.add(labels, float(report["processing_seconds"]))
-            audio.add(labels, float(report["audio_seconds"]))
-            missing: Counter[str] = Counter()
-            for key, family in host.items():
-                _reading(family, labels, report["host"][key], missing)
-            gpu = report["gpu"]
-            if gpu.get("reason"):
-                missing[str(gpu["reason"])] += 1
-            any_gpu = False
-            for device in gpu["devices"]:
-                device_labels = (*labels, str(int(device["index"])))
-                for key, family in gpus.items():
-                    any_gpu |= _reading(family, device_labels, device[key], missing)
-            available.add(labels, 1.0 if any_gpu else 0.0)
-            for reason in sorted(missing):
-                if reason in MISSING_REASONS:
-                    missing_family.add((*labels, reason), float(missing[reason]))
-        yield from (age, state, model_load, transcriptions, processing, audio)
-        yield from host.values()
-        yield from gpus.values()
-        yield from (available, missing_family)
+            if snapshot is not None:
+                families.add_report(labels, snapshot.report)
+        yield from families.all()
 
     def _reporting(self, shared: store.SharedState) -> Iterator[Metric]:
         observability = self._settings.observability
@@ -672,3 +592,113 @@ def render_metrics(settings: Settings, db: Database, r: redis.Redis) -> bytes:
     finally:
         if was_enabled:
             gc.enable()
+
+
+_WORKER_LABELS = ("profile", "worker")
+
+
+@dataclass
+class _WorkerFamilies:
+    """The per-worker series of one scrape, filled from each worker's last accepted report."""
+
+    age: SeriesFamily
+    state: SeriesFamily
+    model_load: SeriesFamily
+    transcriptions: SeriesFamily
+    processing: SeriesFamily
+    audio: SeriesFamily
+    host: dict[str, SeriesFamily]
+    gpus: dict[str, SeriesFamily]
+    available: SeriesFamily
+    missing: SeriesFamily
+
+    @classmethod
+    def new(cls) -> _WorkerFamilies:
+        labels = _WORKER_LABELS
+        return cls(
+            age=SeriesFamily(
+                "murmur_worker_report_age_seconds",
+                "Seconds since the worker's last accepted usage report.",
+                "gauge",
+                labels,
+            ),
+            state=SeriesFamily(
+                "murmur_worker_reported_state",
+                "1 for the state the worker reported last (starting|loading|ready|busy|draining).",
+                "gauge",
+                (*labels, "state"),
+            ),
+            model_load=SeriesFamily(
+                "murmur_worker_model_load_seconds",
+                "How long the worker took to load its model.",
+                "gauge",
+                labels,
+            ),
+            transcriptions=SeriesFamily(
+                "murmur_worker_transcriptions",
+                "Transcriptions by this worker process and outcome (per process, best effort).",
+                "counter",
+                (*labels, "outcome"),
+            ),
+            processing=SeriesFamily(
+                "murmur_worker_processing_seconds",
+                "Seconds this worker process spent on jobs (per process, best effort).",
+                "counter",
+                labels,
+            ),
+            audio=SeriesFamily(
+                "murmur_worker_audio_seconds",
+                "Seconds of audio this worker process transcribed (per process, best effort).",
+                "counter",
+                labels,
+            ),
+            host={key: SeriesFamily(name, doc, "gauge", labels) for key, name, doc in _HOST_FIELDS},
+            gpus={
+                key: SeriesFamily(name, doc, "gauge", (*labels, "gpu"))
+                for key, name, doc in _GPU_FIELDS
+            },
+            available=SeriesFamily(
+                "murmur_worker_gpu_telemetry_available",
+                "1 when the worker's last report carried at least one GPU reading, else 0.",
+                "gauge",
+                labels,
+            ),
+            missing=SeriesFamily(
+                "murmur_worker_readings_missing",
+                "Readings missing from the worker's last report, by reason.",
+                "gauge",
+                (*labels, "reason"),
+            ),
+        )
+
+    def add_report(self, labels: tuple[str, str], report: dict[str, Any]) -> None:
+        self.state.add((*labels, str(report["state"])), 1.0)
+        if report.get("model_load_seconds") is not None:
+            self.model_load.add(labels, float(report["model_load_seconds"]))
+        done = report["transcriptions"]
+        self.transcriptions.add((*labels, "succeeded"), float(done["succeeded"]))
+        self.transcriptions.add((*labels, "failed"), float(done["failed"]))
+        self.processing.add(labels, float(report["processing_seconds"]))
+        self.audio.add(labels, float(report["audio_seconds"]))
+        missing: Counter[str] = Counter()
+        for key, family in self.host.items():
+            _reading(family, labels, report["host"][key], missing)
+        gpu = report["gpu"]
+        if gpu.get("reason"):
+            missing[str(gpu["reason"])] += 1
+        any_gpu = False
+        for device in gpu["devices"]:
+            device_labels = (*labels, str(int(device["index"])))
+            for key, family in self.gpus.items():
+                any_gpu |= _reading(family, device_labels, device[key], missing)
+        self.available.add(labels, 1.0 if any_gpu else 0.0)
+        for reason in sorted(missing):
+            if reason in MISSING_REASONS:
+                self.missing.add((*labels, reason), float(missing[reason]))
+
+    def all(self) -> Iterator[Metric]:
+        yield from (self.age, self.state, self.model_load, self.transcriptions)
+        yield from (self.processing, self.audio)
+        yield from self.host.values()
+        yield from self.gpus.values()
+        yield from (self.available, self.missing)
