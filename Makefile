@@ -30,11 +30,11 @@ $(WX_STAMP): requirements/worker-whisperx-cpu.txt requirements/control.txt requi
 
 ## demo: start Redis if needed, the API and control plane, transcribe samples/, stop everything
 demo: install
-	PYTHON=$(PY) scripts/with-redis.sh $(PY) -m app.stack demo
+	PYTHON=$(PY) scripts/with-redis.sh $(PY) -m scripts.stack demo
 
 ## up: the same stack in the foreground on 127.0.0.1:$${MURMUR_PORT:-8000} until Ctrl-C
 up: install
-	PYTHON=$(PY) scripts/with-redis.sh $(PY) -m app.stack up
+	PYTHON=$(PY) scripts/with-redis.sh $(PY) -m scripts.stack up
 
 ## test: install and run the whole suite (needs Redis and PostgreSQL on 127.0.0.1)
 test: install
@@ -47,8 +47,8 @@ test-whisperx: $(WX_STAMP)
 		$(WX_PY) -m pytest tests/whisperx
 
 lint: install
-	$(VENV)/bin/ruff check app tasks gpu_worker tests bench
-	$(VENV)/bin/ruff format --check app tasks gpu_worker
+	$(VENV)/bin/ruff check app tasks gpu_worker scripts tests bench
+	$(VENV)/bin/ruff format --check app tasks gpu_worker scripts
 	$(VENV)/bin/mypy
 
 ## flower: Celery's web UI on 127.0.0.1:5555, basic auth from MURMUR_FLOWER_AUTH (user:password)

@@ -1,7 +1,7 @@
 """How the API is served: one gunicorn command line, and a thread worker whose own errors are JSON.
 
 Invariants:
-- `murmur api` (production, docker/) and `make up`/`make demo` (app/stack.py) build their
+- `murmur api` (production, docker/) and `make up`/`make demo` (scripts/stack.py) build their
   gunicorn command here, so both run the same worker class, limits and thread budget.
 - Each process gets `threads` general threads plus `api.sync_max_waiting` threads for
   synchronous transcriptions; app/jobs/waiting.py never lets more than that many wait, so a

@@ -2,7 +2,7 @@
 
 Usage: python -m tests.stack_supervisor LOG_DIR. Starts "api" (a sleeper) and "control" (a
 sleeper that spawns a grandchild, as celery -B did with its beat); each prints its pid, which
-the stack echoes. Exits with what `app.stack.supervise` returns, after stopping everything.
+the stack echoes. Exits with what `scripts.stack.supervise` returns, after stopping everything.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from app.stack import Stack, supervise
+from scripts.stack import Stack, supervise
 
 SLEEPER = "import os, time; print('pid', os.getpid(), flush=True); time.sleep(600)"
 SPAWNER = (

@@ -80,7 +80,7 @@ def test_a_killed_child_stops_the_whole_stack_and_what_it_spawned(tmp_path: Path
 
 
 def test_a_broker_that_stops_answering_stops_the_stack(tmp_path: Path) -> None:
-    from app.stack import Stack
+    from scripts.stack import Stack
 
     stack = Stack(dict(os.environ), echo=(), logs=tmp_path)
     answers = iter([True, False, False, False])

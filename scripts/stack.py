@@ -406,7 +406,7 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, _exit_on_signal)
     signal.signal(signal.SIGHUP, _exit_on_signal)
     if not argv or argv[0] not in ("up", "demo"):
-        print("usage: python -m app.stack up | demo FILE...", file=sys.stderr)
+        print("usage: python -m scripts.stack up | demo FILE...", file=sys.stderr)
         return 2
     if argv[0] == "up":
         return up()
