@@ -169,8 +169,12 @@ class Stack:
             time.sleep(poll)
 
     def stop(self) -> None:
+        # The leader only: it stops its own children in order (Celery's warm shutdown lets a
+        # running task finish, then stops its pool; a pool child signalled directly dies with
+        # its task and Celery logs it as a lost worker).
         for _name, proc in reversed(self.procs):
-            _signal_group(proc, signal.SIGTERM)
+            with suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
         for _name, proc in reversed(self.procs):
             try:
                 proc.wait(30)
