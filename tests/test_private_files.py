@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from app import stack
 from app.config import Settings
 from app.db import Database
 from app.migrate import upgrade
 from app.storage import LocalAudioStore
+from scripts import stack
 from tests.conftest import FIXTURES, auth
 
 
