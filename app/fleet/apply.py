@@ -60,7 +60,7 @@ from app.models import (
     server_gone,
 )
 from app.observability import forget_worker, record_provision_attempt
-from app.transitions import move_worker
+from app.transitions import WORKER_MOVES, move_worker
 
 log = logging.getLogger("murmur.fleet")
 
@@ -371,15 +371,11 @@ def _provision(svc: FleetServices, action: Provision) -> str | ProviderError:
                 s.execute(
                     update(Worker)
                     .where(Worker.id == worker_id)
-                    .values(instance_id=instance_id, resources=dict(resources))
+                    .values(
+                        instance_id=instance_id, resources=dict(resources), created_at=svc.clock()
+                    )
                 )
-                move_worker(
-                    s,
-                    worker_id,
-                    [WorkerState.REQUESTED],
-                    WorkerState.CREATING,
-                    created_at=svc.clock(),
-                )
+                move_worker(s, worker_id, [WorkerState.REQUESTED], WorkerState.CREATING)
             return worker_environment(settings, profile, worker_id, instance_id, broker_url)
 
         instance = provider.create(profile, worker_id, bind)
@@ -438,6 +434,14 @@ _CREATED_OR_LIVE = (
 )
 
 
+# Every state a teardown may start from (a deleted row never gets here: deleted_at is set).
+_TO_DELETING = tuple(
+    state
+    for state in WorkerState
+    if WorkerState.DELETING in WORKER_MOVES[state] and state is not WorkerState.DELETED
+)
+
+
 def _creation_failed(svc: FleetServices, worker_id: str, exc: ProviderError) -> None:
     now = svc.clock()
     with svc.db.session() as s:
@@ -452,7 +456,9 @@ def _creation_failed(svc: FleetServices, worker_id: str, exc: ProviderError) -> 
             # Something was created and could not be removed yet: the next rounds finish it.
             row.instance_id = exc.instance_id
             row.resources = dict(exc.resources)
-            move_worker(s, worker_id, _CREATED_OR_LIVE, WorkerState.DELETING)
+            move_worker(s, worker_id, _TO_DELETING, WorkerState.DELETING)
+        elif row.state == WorkerState.FAILED.value:  # refused at readiness meanwhile
+            row.deleted_at = now
         else:
             move_worker(s, worker_id, _CREATED_OR_LIVE, WorkerState.FAILED, deleted_at=now)
 
@@ -589,7 +595,9 @@ def _teardown(
             return False
         if row.state != WorkerState.DELETING.value:
             row.delete_reason = row.delete_reason or reason[:64]
-            move_worker(s, worker_id, [row.state], WorkerState.DELETING)
+            # From whatever state it is in by now (readiness may have refused it meanwhile):
+            # the instance is deleted next, so the row must say so.
+            move_worker(s, worker_id, _TO_DELETING, WorkerState.DELETING)
         if row.delete_requested_at is None:
             row.delete_requested_at = now
         instance_id, provider_name = row.instance_id, row.provider

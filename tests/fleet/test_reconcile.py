@@ -667,3 +667,40 @@ def test_a_usage_report_in_redis_counts_as_the_heartbeat(make_fleet: MakeFleet) 
         w for w in read_snapshot(fleet.svc, fleet.clock()).state.workers if w.id == worker.id
     ]
     assert seen.last_seen_at == old
+
+
+def test_a_worker_refused_at_readiness_while_its_teardown_starts_is_still_torn_down(
+    make_fleet: MakeFleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The teardown moves the row to `deleting` from whatever state it is in by then: a
+    readiness refusal landing after the teardown read the row must not leave a row that says
+    `failed` (and never deleted) for an instance the teardown deletes."""
+    import app.fleet.apply as apply
+
+    fleet = make_fleet()
+    if fleet.svc.db.url.startswith("sqlite"):
+        pytest.skip("SQLite sessions take the write lock at BEGIN: no refusal can land between")
+    assert fleet.emulator is not None
+    fleet.add_jobs(1)
+    fleet.reconcile()
+    fleet.reconcile(advance=5)
+    fleet.ready_all()
+    (worker,) = fleet.workers(WorkerState.READY.value)
+
+    def refused_meanwhile(session: object, row: Worker) -> bool:
+        # Runs after the teardown loaded the row as `ready`, before it moves it: the worker's
+        # repeated ready report is refused in another session right then.
+        assert fleet.report_ready(worker.id, device="cpu")
+        return False  # still idle
+
+    monkeypatch.setattr(apply, "_has_work", refused_meanwhile)
+    deleted = apply._teardown(fleet.svc, worker.id, "idle")
+    monkeypatch.undo()
+    for _ in range(20):
+        if deleted:
+            break
+        fleet.clock.advance(5)
+        deleted = apply._teardown(fleet.svc, worker.id, "idle")
+    (row,) = fleet.workers()
+    assert (row.state, row.deleted_at is not None) == (WorkerState.DELETED.value, True)
+    assert fleet.emulator.inventory()["servers"] == 0
