@@ -60,6 +60,11 @@ WORKER_MOVES: Mapping[WorkerState, frozenset[WorkerState]] = {
 }
 
 
+def worker_sources(to: WorkerState) -> tuple[WorkerState, ...]:
+    """Every state a worker may move to `to` from, in the table's order."""
+    return tuple(state for state in WorkerState if to in WORKER_MOVES[state])
+
+
 class IllegalMove(ValueError):
     """A caller asked for a state change its entity's table does not allow."""
 

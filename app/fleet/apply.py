@@ -60,7 +60,7 @@ from app.models import (
     server_gone,
 )
 from app.observability import forget_worker, record_provision_attempt
-from app.transitions import WORKER_MOVES, move_worker
+from app.transitions import move_worker, worker_sources
 
 log = logging.getLogger("murmur.fleet")
 
@@ -436,9 +436,7 @@ _CREATED_OR_LIVE = (
 
 # Every state a teardown may start from (a deleted row never gets here: deleted_at is set).
 _TO_DELETING = tuple(
-    state
-    for state in WorkerState
-    if WorkerState.DELETING in WORKER_MOVES[state] and state is not WorkerState.DELETED
+    state for state in worker_sources(WorkerState.DELETING) if state is not WorkerState.DELETED
 )
 
 

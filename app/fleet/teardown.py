@@ -10,7 +10,7 @@ from app.config import load_settings
 from app.db import Database
 from app.fleet.providers.local import LocalProvider
 from app.models import Worker, WorkerState, utcnow
-from app.transitions import WORKER_MOVES, move_worker
+from app.transitions import move_worker, worker_sources
 
 log = logging.getLogger("murmur.fleet")
 
@@ -45,11 +45,7 @@ def delete_all_local_workers() -> int:
                     move_worker(
                         s,
                         worker_id,
-                        [
-                            state
-                            for state in WorkerState
-                            if WorkerState.DELETING in WORKER_MOVES[state]
-                        ],
+                        worker_sources(WorkerState.DELETING),
                         WorkerState.DELETING,
                         delete_requested_at=func.coalesce(Worker.delete_requested_at, now),
                         delete_reason=func.coalesce(Worker.delete_reason, "stack stopped"),
