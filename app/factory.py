@@ -7,14 +7,12 @@ import logging
 from celery import Celery
 from flask import Flask, Response
 
-from app.broker import redis_client
 from app.config import Settings, load_settings, scrape_token_problem
-from app.context import Services
 from app.db import Database
 from app.errors import register_error_handlers
 from app.inputs import check_request_text
 from app.json_provider import FiniteJSONProvider
-from app.storage import LocalAudioStore
+from app.services import Clock, build_services, utc_clock
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +30,11 @@ class _Api(Flask):
 
 
 def create_app(
-    settings: Settings | None = None, *, db: Database | None = None, celery: Celery | None = None
+    settings: Settings | None = None,
+    *,
+    db: Database | None = None,
+    celery: Celery | None = None,
+    clock: Clock = utc_clock,
 ) -> Flask:
     settings = settings or load_settings()
     app = _Api("murmur", static_folder=None)
@@ -44,12 +46,8 @@ def create_app(
         from app.celery_config import make_celery
 
         celery = make_celery(settings)
-    app.extensions["murmur"] = Services(
-        settings=settings,
-        db=db or Database(settings.database_url),
-        redis=redis_client(settings, socket_timeout=5, socket_connect_timeout=2),
-        celery=celery,
-        storage=LocalAudioStore(settings.storage_path),
+    app.extensions["murmur"] = build_services(
+        settings, celery, db=db, clock=clock, redis_connect_timeout=2
     )
     register_error_handlers(app)
     app.before_request(check_request_text)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 from flask import Blueprint, Response, jsonify
 
 from app.context import services
@@ -36,7 +34,10 @@ def readyz() -> Response:
     # accepts work: not ready, and the answer says since when.
     try:
         stale = control_plane_problem(
-            svc.redis, time.time(), svc.started_at, svc.settings.fleet.reconcile_stale_seconds
+            svc.redis,
+            svc.clock().timestamp(),
+            svc.started_at,
+            svc.settings.fleet.reconcile_stale_seconds,
         )
         checks["control_plane"] = "ok" if stale is None else f"failed: {stale}"
     except Exception as exc:

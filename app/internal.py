@@ -19,7 +19,7 @@ from app.errors import ApiError
 from app.fleet import readiness
 from app.inputs import MAX_JSON_BYTES, json_problem, read_body
 from app.jobs import service
-from app.models import JobStatus, Worker, utcnow
+from app.models import JobStatus, Worker
 from gpu_worker.bounds import Seconds
 from gpu_worker.protocol.claim import ClaimedJob
 from gpu_worker.protocol.failure import Failure
@@ -79,9 +79,9 @@ def worker_ready(worker_id: str, instance_id: str) -> Response:
         row = s.get(Worker, worker.id)
         assert row is not None
         if problems:
-            readiness.reject(s, row, problems, utcnow())
+            readiness.reject(s, row, problems, svc.clock())
         else:
-            readiness.mark_ready(s, row, body.runtime, utcnow())
+            readiness.mark_ready(s, row, body.runtime, svc.clock())
     if problems:
         raise ApiError(409, "runtime_mismatch", "; ".join(problems))
     return jsonify({"accepted": True})
@@ -91,7 +91,9 @@ def worker_ready(worker_id: str, instance_id: str) -> Response:
 def claim(worker_id: str, instance_id: str, job_id: str) -> Response:
     worker = authenticate_worker(worker_id, instance_id)
     svc = services()
-    claim = service.claim_job(svc.db, job_id, worker, svc.settings.fleet.max_attempts)
+    claim = service.claim_job(
+        svc.db, job_id, worker, svc.settings.fleet.max_attempts, now=svc.clock()
+    )
     if claim.failed is not None:
         service.announce_finished(svc.redis, svc.celery, service.get_job(svc.db, job_id))
     job = claim.job
@@ -124,7 +126,8 @@ def claim(worker_id: str, instance_id: str, job_id: str) -> Response:
 def release(worker_id: str, instance_id: str, job_id: str) -> Response:
     """A draining worker gives a job back before it stops; the next worker may claim it."""
     worker = authenticate_worker(worker_id, instance_id)
-    return jsonify({"released": service.release_job(services().db, job_id, worker.id)})
+    svc = services()
+    return jsonify({"released": service.release_job(svc.db, job_id, worker.id, now=svc.clock())})
 
 
 @internal_bp.post("/workers/<worker_id>/<instance_id>/jobs/<job_id>/status")
@@ -139,7 +142,8 @@ def job_status(worker_id: str, instance_id: str, job_id: str) -> Response:
 def heartbeat(worker_id: str, instance_id: str) -> Response:
     """Liveness without usage reports: the fleet deletes workers that miss three in a row."""
     worker = authenticate_worker(worker_id, instance_id)
-    service.record_heartbeat(services().db, worker.id)
+    svc = services()
+    service.record_heartbeat(svc.db, worker.id, now=svc.clock())
     return jsonify({"ok": True})
 
 
@@ -178,7 +182,9 @@ def result(worker_id: str, instance_id: str, job_id: str) -> Response:
     body: _Result = _body(_Result, MAX_RESULT_BYTES)
     svc = services()
     transcript = body.transcript.model_dump(exclude_none=True)
-    stored = service.store_result(svc.db, job_id, worker.id, transcript, body.processing_seconds)
+    stored = service.store_result(
+        svc.db, job_id, worker.id, transcript, body.processing_seconds, now=svc.clock()
+    )
     if stored:
         service.announce_finished(svc.redis, svc.celery, service.get_job(svc.db, job_id))
     return jsonify({"stored": stored})
@@ -189,7 +195,9 @@ def failure(worker_id: str, instance_id: str, job_id: str) -> Response:
     worker = authenticate_worker(worker_id, instance_id)
     body: Failure = _body(Failure)
     svc = services()
-    stored = service.store_failure(svc.db, job_id, worker.id, body.code, body.message)
+    stored = service.store_failure(
+        svc.db, job_id, worker.id, body.code, body.message, now=svc.clock()
+    )
     if stored:
         service.announce_finished(svc.redis, svc.celery, service.get_job(svc.db, job_id))
     return jsonify({"stored": stored})

@@ -25,6 +25,9 @@ class AudioStore(Protocol):
 
     def delete(self, key: str) -> None: ...
 
+    def copy_in(self, src: IO[bytes], key: str) -> None:
+        """Store a copy of `src` under `key` (through staging, so readers never see part)."""
+
     def remove_stale_staging(self, max_age_seconds: float) -> int:
         """Delete staged files older than this (left by a crash mid-upload); how many."""
 

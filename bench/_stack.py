@@ -27,7 +27,9 @@ def free_port() -> int:
 def bench_env(tmp: Path, port: int) -> dict[str, str]:
     return {
         **os.environ,
-        "MURMUR_DATABASE_URL": os.environ.get("MURMUR_BENCH_DATABASE_URL", f"sqlite:///{tmp}/bench.db"),
+        "MURMUR_DATABASE_URL": os.environ.get(
+            "MURMUR_BENCH_DATABASE_URL", f"sqlite:///{tmp}/bench.db"
+        ),
         "MURMUR_REDIS_URL": os.environ.get("MURMUR_BENCH_REDIS_URL", "redis://127.0.0.1:6379/13"),
         "MURMUR_STORAGE_PATH": str(tmp / "audio"),
         "MURMUR_API_TOKEN": TOKEN,

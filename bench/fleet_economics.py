@@ -9,8 +9,8 @@ Workers are simulated, at the rows the real ones change: readiness through
 `app.fleet.readiness.mark_ready` (what `POST …/ready` calls); a claim pops the job's message
 from `transcribe.<profile>` (as the Celery consumer does) and makes the row updates of
 `app.jobs.service.claim_job`; a finish makes those of `store_result`; heartbeats set
-`last_seen_at`. Those service functions stamp the wall clock, so the simulation writes the
-same columns with the simulated one (the same choice as tests/fleet/conftest.py's helpers).
+`last_seen_at`. The simulation writes those columns itself, with the simulated clock, in one
+pass over the workers per step (the same choice as tests/fleet/conftest.py's helpers).
 A worker is ready `BOOT_SECONDS` after it was requested and transcribes at `SPEED` times
 real time; a profile with a broken image never becomes ready.
 
@@ -55,11 +55,11 @@ from app.fleet.broker_users import USER_PREFIX  # noqa: E402
 from app.fleet.providers import ProviderRegistry  # noqa: E402
 from app.fleet.providers.scaleway import ScalewayProvider  # noqa: E402
 from app.fleet.reconcile import reconcile  # noqa: E402
-from app.fleet.services import FleetServices  # noqa: E402
 from app.fleet.snapshot import as_utc  # noqa: E402
 from app.jobs.dispatch import _job_of  # noqa: E402
 from app.jobs.service import cancel_job  # noqa: E402
 from app.models import Job, JobStatus, Worker, WorkerState  # noqa: E402
+from app.services import build_services  # noqa: E402
 from gpu_worker.protocol.broker import queue_name  # noqa: E402
 from tests.fleet.conftest import (  # noqa: E402
     L4,
@@ -177,11 +177,10 @@ class Simulation:
         self.redis.flushdb()
         self.clock = FakeClock(DAY)
         self.celery = make_celery(settings)
-        self.svc = FleetServices(
-            settings=settings,
+        self.svc = build_services(
+            settings.model_copy(update={"storage_path": f"{tmp}/audio"}),
+            self.celery,
             db=self.db,
-            redis=self.redis,
-            celery=self.celery,
             providers=ProviderRegistry(
                 settings,
                 {"scaleway": ScalewayProvider(settings, poll_interval=0.01, teardown_wait=1.0)},
@@ -192,7 +191,7 @@ class Simulation:
         self.stockouts: dict[str, Fault] = {}
         self.audio: dict[str, float] = {}  # job id -> audio seconds
         self.submitted_at: dict[str, datetime] = {}
-        # When a worker stopped a job it did not finish (cancel_job stamps the wall clock).
+        # When a worker stopped a job it did not finish: the step at which it learnt of it.
         self.stopped_at: dict[tuple[str, str], datetime] = {}
         self.rounds = 0
         self.peak: dict[str, int] = {}
@@ -226,7 +225,7 @@ class Simulation:
                     s.scalars(select(Job.id).order_by(Job.created_at.desc()).limit(int(arg)))
                 )
             for job_id in newest:
-                cancel_job(self.db, job_id, "bench")
+                cancel_job(self.db, job_id, "bench", now=self.clock())
         elif self.informed:
             name = PROFILE_OF_TYPE.get(arg, arg)
             self.enable(name, kind in ("restock", "fix"))

@@ -27,6 +27,7 @@ from app.db import Database  # noqa: E402
 from app.jobs.service import JobRequest, insert_job  # noqa: E402
 from app.migrate import upgrade  # noqa: E402
 from app.models import Job  # noqa: E402
+from app.services import utc_clock  # noqa: E402
 
 TOKEN = "bench-token-" + "a" * 32
 ROUNDS = 300  # bounded: well under a minute in all
@@ -60,7 +61,7 @@ def main() -> None:
     owner = token_fingerprint(TOKEN)
     ids = []
     for _ in range(100):
-        job, _ = insert_job(db, JobRequest(owner=owner, source="upload"))
+        job, _ = insert_job(db, JobRequest(owner=owner, source="upload"), now=utc_clock())
         ids.append(job.id)
     with db.session() as s:
         s.execute(

@@ -133,9 +133,9 @@ def read_times(sizes: list[int]) -> None:
     from app.config import Settings
     from app.db import Base, Database
     from app.fleet.providers import ProviderRegistry
-    from app.fleet.services import FleetServices
     from app.fleet.snapshot import read_snapshot
     from app.models import Job
+    from app.services import build_services
 
     class NoInstances:
         name = "local"
@@ -177,11 +177,10 @@ def read_times(sizes: list[int]) -> None:
                         for i in range(n)
                     ],
                 )
-            svc = FleetServices(
-                settings=settings,
+            svc = build_services(
+                settings.model_copy(update={"storage_path": f"{tmp}/audio"}),
+                None,  # type: ignore[arg-type]
                 db=db,
-                redis=client,
-                celery=None,  # type: ignore[arg-type]
                 providers=ProviderRegistry(settings, {"local": NoInstances()}),  # type: ignore[dict-item]
             )
             samples = []

@@ -6,31 +6,13 @@ from typing import Any
 
 from app.celery_config import RECONCILE
 from app.fleet.liveness import started_within
-from app.fleet.providers import ProviderRegistry
 from app.fleet.reconcile import reconcile as reconcile_fleet
-from app.fleet.services import FleetServices
+from app.services import Services
 from tasks import context
 from tasks.celery_app import celery_app
 
-_PROCESS: FleetServices | None = None
 
-
-def process_services() -> FleetServices:
-    """The fleet's services in this Celery process (built once; see tasks.context)."""
-    global _PROCESS
-    if _PROCESS is None:
-        settings = context.settings()
-        _PROCESS = FleetServices(
-            settings=settings,
-            db=context.database(),
-            redis=context.redis_client(),
-            celery=celery_app,
-            providers=ProviderRegistry(settings),
-        )
-    return _PROCESS
-
-
-def due(svc: FleetServices) -> bool:
+def due(svc: Services) -> bool:
     """Whether a reconcile is due: not if one started within half an interval.
 
     Two beats (an orphaned one and its replacement) send twice per interval; the second send
@@ -45,7 +27,7 @@ def due(svc: FleetServices) -> bool:
 @celery_app.task(name=RECONCILE.name, ignore_result=True)
 def reconcile() -> dict[str, Any]:
     """Plan and apply one fleet step; a no-op while another run holds the lock."""
-    svc = process_services()
+    svc = context.services()
     if not due(svc):
         return {"ran": False, "actions": 0, "planned_hourly_eur": None}
     report = reconcile_fleet(svc)

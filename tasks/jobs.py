@@ -10,7 +10,6 @@ from celery.exceptions import Retry
 
 from app.celery_config import DELIVER_WEBHOOK, FETCH_AUDIO, SWEEP_WEBHOOKS
 from app.jobs import delivery, fetch
-from app.models import utcnow
 from tasks import context
 from tasks.celery_app import celery_app
 
@@ -20,9 +19,7 @@ log = logging.getLogger(__name__)
 @celery_app.task(name=FETCH_AUDIO.name, acks_late=True, ignore_result=True)
 def fetch_audio(job_id: str) -> None:
     """Download a URL job's audio, store it, then dispatch it; or end the job with why not."""
-    fetch.fetch_audio(
-        context.settings(), context.database(), context.redis_client(), celery_app, job_id
-    )
+    fetch.fetch_audio(context.services(), job_id)
 
 
 @celery_app.task(name=DELIVER_WEBHOOK.name, bind=True, acks_late=True, ignore_result=True)
@@ -32,10 +29,11 @@ def deliver_webhook(self: Task, job_id: str) -> None:
     A failed attempt is tried again when its back-off ends by a retry of this task; should
     Redis lose that retry, the sweep makes the attempt instead (the claim lets only one send).
     """
-    settled = delivery.attempt_webhook(context.settings(), context.database(), job_id)
+    svc = context.services()
+    settled = delivery.attempt_webhook(svc.settings, svc.db, job_id, svc.clock)
     if settled is None or settled.next_at is None:
         return
-    countdown = max(0.0, (settled.next_at - utcnow()).total_seconds())
+    countdown = max(0.0, (settled.next_at - svc.clock()).total_seconds())
     try:
         raise self.retry(countdown=countdown, max_retries=None)
     except Retry:
@@ -47,4 +45,5 @@ def deliver_webhook(self: Task, job_id: str) -> None:
 @celery_app.task(name=SWEEP_WEBHOOKS.name, ignore_result=True)
 def sweep_webhooks() -> int:
     """Beat: attempt every due webhook, from the database's state (whatever Redis lost)."""
-    return delivery.deliver_due(context.settings(), context.database())
+    svc = context.services()
+    return delivery.deliver_due(svc.settings, svc.db, svc.clock)

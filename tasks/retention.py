@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from app.celery_config import SWEEP_RETENTION
 from app.jobs.retention import sweep_expired_audio
-from app.storage import LocalAudioStore
 from tasks import context
 from tasks.celery_app import celery_app
 
@@ -18,11 +17,11 @@ MAX_BATCHES_PER_RUN = 10
 @celery_app.task(name=SWEEP_RETENTION.name, ignore_result=True)
 def sweep_retention() -> dict[str, int]:
     """Delete one batch of expired audio and any stale staged file; safe to run twice at once."""
-    settings = context.settings()
-    store = LocalAudioStore(settings.storage_path)
+    svc = context.services()
+    settings, store = svc.settings, svc.storage
     deleted = 0
     for _ in range(MAX_BATCHES_PER_RUN):
-        cleared = sweep_expired_audio(context.database(), store, settings)
+        cleared = sweep_expired_audio(svc.db, store, settings, svc.clock())
         deleted += cleared
         if cleared < settings.retention.batch_size:
             break

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import requests
 
+from app.services import utc_clock
 from tests.conftest import FIXTURES, LiveApi, api_get, auth, wait_for
 
 pytestmark = pytest.mark.slow
@@ -47,7 +48,9 @@ def test_the_worker_enforces_the_limit_and_the_sync_client_gets_a_4xx(
         update={"max_audio_seconds": 60.0}
     )
     start_worker()
-    assert dispatch_job(live_api.db, make_celery(live_api.settings), job_id, "local-cpu")
+    assert dispatch_job(
+        live_api.db, make_celery(live_api.settings), job_id, "local-cpu", now=utc_clock()
+    )
     waiting.join(timeout=180)
     assert answers, "the synchronous request did not answer"
     response = answers[0]

@@ -21,6 +21,7 @@ from app.db import Database
 from app.jobs import service
 from app.migrate import upgrade
 from app.models import Job
+from app.services import utc_clock
 from tests.conftest import API_TOKEN, OTHER_TOKEN, REDIS_URL, SIGNING_KEY, make_settings
 
 # A drip sends one byte this often: well under the 30 s / 10 s read timeouts, so only a
@@ -146,7 +147,9 @@ def test_a_dripping_url_fails_its_job_at_the_deadline(
     db = Database(control_env["MURMUR_DATABASE_URL"])
     try:
         job, _ = service.insert_job(
-            db, service.JobRequest(owner="owner", source="url", source_url=server.url)
+            db,
+            service.JobRequest(owner="owner", source="url", source_url=server.url),
+            now=utc_clock(),
         )
         started = time.monotonic()
         fetch_audio.run(job.id)
@@ -179,10 +182,12 @@ def _webhook_attempt(env: dict[str, str], tmp_path: Path, url: str) -> tuple[boo
     db = Database(settings.database_url)
     try:
         job, _ = service.insert_job(
-            db, service.JobRequest(owner="owner", source="upload", webhook_url=url)
+            db,
+            service.JobRequest(owner="owner", source="upload", webhook_url=url),
+            now=utc_clock(),
         )
         started = time.monotonic()
-        ok, why = _send_webhook(settings, service.get_job(db, job.id))
+        ok, why = _send_webhook(settings, service.get_job(db, job.id), int(time.time()))
         return ok, why, time.monotonic() - started
     finally:
         db.dispose()

@@ -19,6 +19,7 @@ from celery import Celery
 from sqlalchemy import select
 
 from app.models import Job
+from app.services import utc_clock
 from gpu_worker.broker import unacked_keys
 from gpu_worker.protocol.broker import TRANSCRIBE_TASK
 from tests.conftest import (
@@ -213,7 +214,11 @@ def test_cancel_queued_job_is_never_transcribed(live_api: LiveApi, start_worker:
     from app.jobs.dispatch import dispatch_job
 
     assert not dispatch_job(
-        live_api.db, Celery(broker=live_api.settings.redis_url), job["id"], "local-cpu"
+        live_api.db,
+        Celery(broker=live_api.settings.redis_url),
+        job["id"],
+        "local-cpu",
+        now=utc_clock(),
     )
     assert api_get(live_api, f"/v1/jobs/{job['id']}").json()["status"] == "cancelled"
 
@@ -406,7 +411,7 @@ def test_broker_down_keeps_the_job_and_dispatches_it_later(
         assert s.execute(select(Worker)).scalars().first() is not None
     # The broker is back (the real one): the next dispatch sends it.
     celery = make_celery(live_api.settings)
-    assert dispatch_job(live_api.db, celery, job["id"], "local-cpu")
+    assert dispatch_job(live_api.db, celery, job["id"], "local-cpu", now=utc_clock())
     import redis
 
     assert redis.Redis.from_url(live_api.settings.redis_url).llen("transcribe.local-cpu") == 1

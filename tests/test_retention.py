@@ -112,7 +112,7 @@ def test_purge_after_cancel_and_after_retention(
 
     swept = upload(client)  # its audio already went with retention: the purge still works
     end(db, swept["id"], JobStatus.FAILED, settings.retention.audio_seconds + 60)
-    assert sweep_expired_audio(db, LocalAudioStore(settings.storage_path), settings) == 1
+    assert sweep_expired_audio(db, LocalAudioStore(settings.storage_path), settings, utcnow()) == 1
     assert client.delete(f"/v1/jobs/{swept['id']}?purge=true", headers=auth()).status_code == 204
     assert row(db, swept["id"]) is None
     assert list(Path(settings.storage_path).glob("*.audio")) == []
@@ -172,7 +172,7 @@ def test_sweep_deletes_only_audio_of_jobs_ended_long_enough_ago(
     }
     store = LocalAudioStore(settings.storage_path)
 
-    assert sweep_expired_audio(db, store, settings) == 2
+    assert sweep_expired_audio(db, store, settings, utcnow()) == 2
     assert not files[old_success["id"]].exists() and not files[old_failure["id"]].exists()
     assert files[recent["id"]].exists() and files[waiting["id"]].exists()
     for job_id in (old_success["id"], old_failure["id"]):
@@ -181,7 +181,7 @@ def test_sweep_deletes_only_audio_of_jobs_ended_long_enough_ago(
     # The job and its transcript stay: only the audio has a retention limit.
     kept = client.get(f"/v1/jobs/{old_success['id']}/transcript?format=txt", headers=auth())
     assert kept.status_code == 200 and "quick brown fox" in kept.get_data(as_text=True)
-    assert sweep_expired_audio(db, store, settings) == 0  # idempotent
+    assert sweep_expired_audio(db, store, settings, utcnow()) == 0  # idempotent
 
 
 def test_sweep_works_in_batches(client: Any, db: Database, settings: Settings) -> None:
@@ -192,7 +192,7 @@ def test_sweep_works_in_batches(client: Any, db: Database, settings: Settings) -
         update={"retention": settings.retention.model_copy(update={"batch_size": 2})}
     )
     store = LocalAudioStore(settings.storage_path)
-    assert [sweep_expired_audio(db, store, small) for _ in range(4)] == [2, 2, 1, 0]
+    assert [sweep_expired_audio(db, store, small, utcnow()) for _ in range(4)] == [2, 2, 1, 0]
     assert list(Path(settings.storage_path).glob("*.audio")) == []
 
 
@@ -202,7 +202,7 @@ def test_sweep_finishes_what_a_crashed_sweep_left(
     job = upload(client)
     end(db, job["id"], JobStatus.SUCCEEDED, settings.retention.audio_seconds + 1)
     audio_path(settings, db, job["id"]).unlink()  # file gone, row not yet updated
-    assert sweep_expired_audio(db, LocalAudioStore(settings.storage_path), settings) == 1
+    assert sweep_expired_audio(db, LocalAudioStore(settings.storage_path), settings, utcnow()) == 1
     swept = row(db, job["id"])
     assert swept is not None and swept.audio_key is None
 
@@ -220,7 +220,9 @@ def test_two_sweeps_at_once_delete_each_file_once(
         other = Database(settings.database_url)  # as a second control worker would
         try:
             results.append(
-                sweep_expired_audio(other, LocalAudioStore(settings.storage_path), settings)
+                sweep_expired_audio(
+                    other, LocalAudioStore(settings.storage_path), settings, utcnow()
+                )
             )
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)

@@ -30,7 +30,6 @@ from typing import Any
 
 import psutil
 import pytest
-import redis
 import requests
 from sqlalchemy import select
 
@@ -39,14 +38,13 @@ from app.credentials import InstanceCredential
 from app.fleet.providers import ProviderRegistry
 from app.fleet.providers.local import LocalProvider
 from app.fleet.reconcile import reconcile
-from app.fleet.services import FleetServices, utc_clock
 from app.models import Worker
+from app.services import build_services, utc_clock
 from tests.conftest import (
     ADMIN_TOKEN,
     API_TOKEN,
     FIXTURES,
     OTHER_TOKEN,
-    REDIS_URL,
     SIGNING_KEY,
     WEBHOOK_SECRET,
     LiveApi,
@@ -137,11 +135,10 @@ def test_no_secret_or_transcript_outside_its_place(
     url = live_api.url
     settings = live_api.settings
     state_dir = tmp_path / "instances"
-    svc = FleetServices(
-        settings=settings,
+    svc = build_services(
+        settings,
+        make_celery(settings),
         db=live_api.db,
-        redis=redis.Redis.from_url(REDIS_URL),
-        celery=make_celery(settings),
         providers=ProviderRegistry(
             settings, {"local": LocalProvider(settings, state_dir=state_dir, term_grace=10)}
         ),

@@ -25,6 +25,7 @@ from app.db import Database
 from app.jobs import service, webhooks
 from app.jobs.delivery import deliver_due
 from app.models import Job, WorkerState, utcnow
+from app.services import utc_clock
 from tasks.celery_app import celery_app
 from tasks.jobs import sweep_webhooks
 from tests.conftest import (
@@ -80,9 +81,11 @@ def loopback_settings(settings: Settings) -> Settings:
 def finished_job(db: Database, hook: str) -> str:
     """A job that ended (failed, here) with a webhook whose announce never happened."""
     job, _ = service.insert_job(
-        db, service.JobRequest(owner="owner", source="upload", webhook_url=hook)
+        db, service.JobRequest(owner="owner", source="upload", webhook_url=hook), now=utc_clock()
     )
-    assert service.fail_job(db, job.id, "url_fetch_failed", "the URL answered HTTP 404")
+    assert service.fail_job(
+        db, job.id, "url_fetch_failed", "the URL answered HTTP 404", now=utc_clock()
+    )
     return job.id
 
 

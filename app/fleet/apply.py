@@ -43,7 +43,6 @@ from app.fleet.providers.base import (
     ProviderError,
     Teardown,
 )
-from app.fleet.services import FleetServices
 from app.fleet.snapshot import Snapshot
 from app.jobs.dispatch import dispatch_job, requeue_job, withdraw_messages
 from app.jobs.service import announce_finished, fail_job, get_job
@@ -60,12 +59,13 @@ from app.models import (
     server_gone,
 )
 from app.observability import forget_worker, record_provision_attempt
+from app.services import Services
 from app.transitions import move_worker, worker_sources
 
 log = logging.getLogger("murmur.fleet")
 
 
-def _count_attempt(svc: FleetServices, profile: str, error: ProviderError | None) -> None:
+def _count_attempt(svc: Services, profile: str, error: ProviderError | None) -> None:
     """One attempt in murmur_provision_attempts_total, by the error's own outcome."""
     outcome = "succeeded" if error is None else error.outcome
     try:
@@ -74,7 +74,7 @@ def _count_attempt(svc: FleetServices, profile: str, error: ProviderError | None
         log.warning("fleet: cannot count a provisioning attempt: %s", type(exc).__name__)
 
 
-def _forget(svc: FleetServices, worker_id: str, reason: str) -> None:
+def _forget(svc: Services, worker_id: str, reason: str) -> None:
     try:
         death = Death.of(reason)  # after a death an operator may still want its last log lines
         forget_worker(svc.redis, worker_id, keep_log=death is not None and death.keeps_log)
@@ -95,7 +95,7 @@ class Outcome:
 
 
 def apply_plan(
-    svc: FleetServices,
+    svc: Services,
     snapshot: Snapshot,
     plan: FleetPlan,
     keep_lock: Callable[[], None] = lambda: None,
@@ -128,7 +128,7 @@ def apply_plan(
 class _Applying:
     """One `apply_plan` run: what it did so far and what stops its later actions."""
 
-    svc: FleetServices
+    svc: Services
     snapshot: Snapshot
     torn_down: set[str]
     out: Outcome = field(default_factory=Outcome)
@@ -162,7 +162,8 @@ class _Applying:
             log.info("fleet: re-route job %s: %s", action.job_id, action.reason)
 
     def dispatch(self, action: Dispatch) -> None:
-        if dispatch_job(self.svc.db, self.svc.celery, action.job_id, action.profile):
+        svc = self.svc
+        if dispatch_job(svc.db, svc.celery, action.job_id, action.profile, now=svc.clock()):
             self.out.dispatched[action.profile] += 1
 
     def provision(self, action: Provision) -> None:
@@ -207,7 +208,7 @@ _HANDLERS: dict[type[Action], Callable[[_Applying, Any], None]] = {
 }
 
 
-def _withdraw(svc: FleetServices, jobs_by_profile: dict[str, list[str]]) -> None:
+def _withdraw(svc: Services, jobs_by_profile: dict[str, list[str]]) -> None:
     """Take re-routed jobs' messages off their old queues (they would inflate its depth)."""
     for profile, job_ids in sorted(jobs_by_profile.items()):
         try:
@@ -223,7 +224,7 @@ def _withdraw(svc: FleetServices, jobs_by_profile: dict[str, list[str]]) -> None
 # -- lifecycle marks --------------------------------------------------------------------------
 
 
-def _mark_booted(svc: FleetServices, worker_id: str) -> None:
+def _mark_booted(svc: Services, worker_id: str) -> None:
     with svc.db.session() as s:
         s.execute(
             update(Worker)
@@ -232,14 +233,14 @@ def _mark_booted(svc: FleetServices, worker_id: str) -> None:
         )
 
 
-def _mark_starting(svc: FleetServices, worker_id: str) -> None:
+def _mark_starting(svc: Services, worker_id: str) -> None:
     with svc.db.session() as s:
         row = s.get(Worker, worker_id)
         if row is not None and not (row.resources or {}).get(SEEN_STARTING_AT):
             row.resources = {**(row.resources or {}), SEEN_STARTING_AT: svc.clock().isoformat()}
 
 
-def _mark_dead(svc: FleetServices, action: MarkDead) -> str | None:
+def _mark_dead(svc: Services, action: MarkDead) -> str | None:
     """Mark the worker for deletion; the profile it stops provisioning for, if any.
 
     A capacity death backs its profile off; a failed boot may hold it (`_failed_boot`).
@@ -275,7 +276,7 @@ def _mark_dead(svc: FleetServices, action: MarkDead) -> str | None:
     return profile.name
 
 
-def _failed_boot(svc: FleetServices, profile: str, reason: str) -> bool:
+def _failed_boot(svc: Services, profile: str, reason: str) -> bool:
     """Count a worker that never became ready; hold its profile after max_failed_boots in a row
     (True then).
 
@@ -317,7 +318,7 @@ def _failed_boot(svc: FleetServices, profile: str, reason: str) -> bool:
             f"no worker of profile {profile} became ready for it: {charged[1]} attempts "
             f"({reason.split(':', 1)[0]})"
         )
-        if fail_job(svc.db, charged[0], "worker_boot_failed", message):
+        if fail_job(svc.db, charged[0], "worker_boot_failed", message, now=now):
             log.warning("fleet: job %s failed: %s", charged[0], message)
             with contextlib.suppress(Exception):  # the job's state is already final
                 announce_finished(svc.redis, svc.celery, get_job(svc.db, charged[0]))
@@ -337,7 +338,7 @@ def _profile_state(s: Any, name: str) -> ProfileState:
     return row
 
 
-def _provision(svc: FleetServices, action: Provision) -> str | ProviderError:
+def _provision(svc: Services, action: Provision) -> str | ProviderError:
     """Create one worker; its id, or the error that stopped it."""
     settings = svc.settings
     profile = settings.profile(action.profile)
@@ -394,7 +395,7 @@ def _provision(svc: FleetServices, action: Provision) -> str | ProviderError:
     return worker_id
 
 
-def _created(svc: FleetServices, profile: Profile, worker_id: str, instance: Instance) -> None:
+def _created(svc: Services, profile: Profile, worker_id: str, instance: Instance) -> None:
     now = svc.clock()
     with svc.db.session() as s:
         # The worker may already have reported ready (a local process is quick): only move on
@@ -440,7 +441,7 @@ _TO_DELETING = tuple(
 )
 
 
-def _creation_failed(svc: FleetServices, worker_id: str, exc: ProviderError) -> None:
+def _creation_failed(svc: Services, worker_id: str, exc: ProviderError) -> None:
     now = svc.clock()
     with svc.db.session() as s:
         row = s.get(Worker, worker_id)
@@ -467,7 +468,7 @@ def _backoff_seconds(fleet: FleetSettings, in_a_row: int) -> float:
     return min(fleet.backoff_seconds * 2.0 ** (in_a_row - 1), fleet.backoff_max_seconds)
 
 
-def _stocked_out(svc: FleetServices, profile: Profile, exc: ProviderError) -> None:
+def _stocked_out(svc: Services, profile: Profile, exc: ProviderError) -> None:
     fleet = svc.settings.fleet
     now = svc.clock()
     with svc.db.session() as s:
@@ -487,7 +488,7 @@ def _stocked_out(svc: FleetServices, profile: Profile, exc: ProviderError) -> No
     )
 
 
-def _hold(svc: FleetServices, profile: Profile, exc: ProviderError) -> None:
+def _hold(svc: Services, profile: Profile, exc: ProviderError) -> None:
     fleet = svc.settings.fleet
     now = svc.clock()
     with svc.db.session() as s:
@@ -512,7 +513,7 @@ def _hold(svc: FleetServices, profile: Profile, exc: ProviderError) -> None:
 # -- teardown ---------------------------------------------------------------------------------
 
 
-def _adopt_orphan(svc: FleetServices, action: DeleteOrphan, instance: Instance | None) -> str:
+def _adopt_orphan(svc: Services, action: DeleteOrphan, instance: Instance | None) -> str:
     """Give an unowned instance a DELETING worker row, so its teardown is tracked and retried."""
     now = svc.clock()
     resources = dict(instance.resources) if instance is not None else {}
@@ -568,7 +569,7 @@ def _more_work_than_planned(session: Session, worker: Worker, planned: Mapping[s
 
 
 def _teardown(
-    svc: FleetServices, worker_id: str, reason: str, planned: Mapping[str, int] | None = None
+    svc: Services, worker_id: str, reason: str, planned: Mapping[str, int] | None = None
 ) -> bool:
     """Advance the deletion of a worker's instance; True once the provider confirms it.
 

@@ -45,9 +45,9 @@ from sqlalchemy import select
 from app.config import Profile, Settings
 from app.credentials import broker_password
 from app.fleet.providers.base import ProviderError
-from app.fleet.services import FleetServices
 from app.models import LIVE_WORKER_STATES, Worker
 from app.observability import record_broker_user_recreated
+from app.services import Services
 from gpu_worker.broker import unacked_keys
 
 log = logging.getLogger("murmur.fleet")
@@ -236,7 +236,7 @@ def in_use(settings: Settings) -> bool:
     return any(enabled(settings, p) for p in settings.profiles)
 
 
-def provision_user(svc: FleetServices, profile: Profile, worker_id: str) -> BrokerUser | None:
+def provision_user(svc: Services, profile: Profile, worker_id: str) -> BrokerUser | None:
     """Create the worker's user when its profile uses one; None when it does not."""
     if not enabled(svc.settings, profile):
         return None
@@ -257,7 +257,7 @@ def worker_broker_url(settings: Settings, user: BrokerUser | None) -> str | None
     return None if user is None else user.url(_base_url(settings))
 
 
-def retire_user(svc: FleetServices, worker_id: str) -> None:
+def retire_user(svc: Services, worker_id: str) -> None:
     """Delete the worker's user (if any) now that its instance is gone or never came."""
     if not in_use(svc.settings):
         return
@@ -269,7 +269,7 @@ def retire_user(svc: FleetServices, worker_id: str) -> None:
         )
 
 
-def sweep_users(svc: FleetServices) -> list[str]:
+def sweep_users(svc: Services) -> list[str]:
     """Remove the users of workers that are deleted or unknown (crash, lost teardown), and
     re-create those of live workers the broker lost (`restore_users`); the ids removed."""
     if not in_use(svc.settings):
@@ -291,7 +291,7 @@ def sweep_users(svc: FleetServices) -> list[str]:
 
 
 def restore_users(
-    svc: FleetServices, base_url: str, users: Iterable[str], live: Sequence[tuple[str, str]]
+    svc: Services, base_url: str, users: Iterable[str], live: Sequence[tuple[str, str]]
 ) -> list[str]:
     """Re-create the user of each live worker (id, profile name) missing from `users`.
 

@@ -18,7 +18,7 @@ from app.broker import redis_client
 from app.config import ConfigError, check_settings, load_settings
 from app.db import Database
 from app.fleet.service import fleet_overview
-from app.models import utcnow
+from app.services import utc_clock
 
 
 def _age(seconds: float | None) -> str:
@@ -90,7 +90,7 @@ def fleet_command(as_json: bool) -> None:
     db = Database(settings.database_url)
     client = redis_client(settings, socket_timeout=5, socket_connect_timeout=5)
     try:
-        view = fleet_overview(settings, db, client, utcnow())
+        view = fleet_overview(settings, db, client, utc_clock())
     finally:
         db.dispose()
     click.echo(json.dumps(view, indent=2) if as_json else render(view))

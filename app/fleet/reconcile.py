@@ -25,9 +25,10 @@ from app.fleet.apply import Outcome, apply_plan
 from app.fleet.lease import Lease, LeaseLost
 from app.fleet.liveness import record_reconciled, record_started
 from app.fleet.planner import FleetPlan, plan_fleet
+from app.fleet.rules import fleet_rules
 from app.fleet.service import PLAN_KEY
-from app.fleet.services import FleetServices
 from app.fleet.snapshot import read_snapshot
+from app.services import Services
 
 log = logging.getLogger("murmur.fleet")
 
@@ -47,7 +48,7 @@ class ReconcileReport:
         return self.plans[-1] if self.plans else None
 
 
-def lock_seconds(svc: FleetServices) -> float:
+def lock_seconds(svc: Services) -> float:
     # How long a slow run may take (a create is a few bounded provider calls); the lock itself
     # is a shorter lease, renewed while the run is alive.
     fleet = svc.settings.fleet
@@ -58,21 +59,21 @@ def lock_seconds(svc: FleetServices) -> float:
 LISTENING_KEY = "murmur:fleet:listening"
 
 
-def _stop_threshold(svc: FleetServices) -> timedelta:
+def _stop_threshold(svc: Services) -> timedelta:
     """A gap between rounds longer than this means the fleet was stopped, not just slow.
 
     Well above the time between ordinary rounds (a slow run holds the lock this long), and
     at least the silence tolerated when nobody is heard: a stop shorter than that is
     already covered by the planner's suspicion of the control plane.
     """
-    rules = svc.rules()
+    rules = fleet_rules(svc.settings)
     fleet = svc.settings.fleet
     slow_round = timedelta(seconds=lock_seconds(svc) + 2 * fleet.reconcile_interval_seconds)
     tolerated = [t for t in (rules.heartbeat_timeout, rules.outage_timeout) if t is not None]
     return max([slow_round, *tolerated])
 
 
-def listening_since(svc: FleetServices, now: datetime) -> datetime:
+def listening_since(svc: Services, now: datetime) -> datetime:
     """When the fleet last started watching the workers, recording this round.
 
     A round that follows a stop (see `_stop_threshold`) starts watching afresh: nothing could
@@ -93,7 +94,7 @@ def listening_since(svc: FleetServices, now: datetime) -> datetime:
     return since
 
 
-def reconcile(svc: FleetServices) -> ReconcileReport:
+def reconcile(svc: Services) -> ReconcileReport:
     lease = Lease(svc.redis, LOCK_KEY, svc.settings.fleet.reconcile_lease_seconds)
     if not lease.acquire():
         log.debug("fleet: another reconcile is running")
@@ -155,7 +156,7 @@ def plan_summary(plan: FleetPlan) -> dict[str, Any]:
     }
 
 
-def publish_plan(svc: FleetServices, plan: FleetPlan) -> None:
+def publish_plan(svc: Services, plan: FleetPlan) -> None:
     """Keep the latest plan for /v1/fleet and metrics; log the bounds that changed."""
     summary = plan_summary(plan)
     ttl = int(max(60, 10 * svc.settings.fleet.reconcile_interval_seconds))

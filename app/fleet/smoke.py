@@ -29,21 +29,18 @@ from typing import Any
 
 from sqlalchemy import or_
 
-from app.broker import redis_client
 from app.celery_config import make_celery
 from app.config import Profile, Settings
-from app.db import Database
 from app.fleet import readiness
 from app.fleet.apply import Outcome, apply_plan
 from app.fleet.catalog import billed_seconds
 from app.fleet.planner import Action, Delete, FleetPlan, FleetState, Provision
-from app.fleet.providers import ProviderRegistry
 from app.fleet.providers.base import ProviderError
-from app.fleet.services import FleetServices
+from app.fleet.rules import fleet_rules
 from app.fleet.snapshot import Snapshot, as_utc
 from app.jobs.dispatch import send_dispatched
-from app.models import LIVE_WORKER_STATES, Job, JobStatus, Worker, WorkerState, new_id, utcnow
-from app.storage import LocalAudioStore
+from app.models import LIVE_WORKER_STATES, Job, JobStatus, Worker, WorkerState, new_id
+from app.services import Services, build_services
 from app.transitions import move_job, move_worker
 
 log = logging.getLogger("murmur.fleet.smoke")
@@ -94,7 +91,7 @@ def worst_case_eur(profiles: list[Profile], seconds: float) -> float:
 
 
 def run_smoke(
-    svc: FleetServices,
+    svc: Services,
     profiles: list[Profile],
     audio: Path,
     *,
@@ -132,17 +129,15 @@ def run_smoke(
 # -- steps ------------------------------------------------------------------------------------
 
 
-def _apply(svc: FleetServices, actions: tuple[Action, ...]) -> Outcome:
+def _apply(svc: Services, actions: tuple[Action, ...]) -> Outcome:
     now = svc.clock()
     # Provision and Delete need nothing from a snapshot (only an orphan's deletion would).
-    empty = Snapshot(FleetState(now=now, rules=svc.rules(), profiles=()), {})
+    empty = Snapshot(FleetState(now=now, rules=fleet_rules(svc.settings), profiles=()), {})
     plan = FleetPlan(now, actions, (), (), 0.0, 0.0, 0)
     return apply_plan(svc, empty, plan)
 
 
-def _start(
-    svc: FleetServices, result: SmokeResult, audio: Path, echo: Callable[[str], None]
-) -> None:
+def _start(svc: Services, result: SmokeResult, audio: Path, echo: Callable[[str], None]) -> None:
     profile = result.profile
     echo(f"{profile.name}: provisioning one {profile.server_type} in {profile.zone}")
     # Known before anything exists: an interruption from here on still finds the worker.
@@ -159,14 +154,13 @@ def _start(
     _submit(svc, profile, audio, result.job_id)
 
 
-def _submit(svc: FleetServices, profile: Profile, audio: Path, job_id: str) -> None:
+def _submit(svc: Services, profile: Profile, audio: Path, job_id: str) -> None:
     """A job for exactly this profile: stored, then dispatched in one step (never `queued` with
     audio, so a reconcile running beside us cannot route it elsewhere)."""
     key = f"smoke-{uuid.uuid4().hex}"
-    store = LocalAudioStore(svc.settings.storage_path)
     with audio.open("rb") as fh:
-        store.copy_in(fh, key)
-    now = utcnow()
+        svc.storage.copy_in(fh, key)
+    now = svc.clock()
     with svc.db.session() as s:
         job = Job(
             id=job_id,
@@ -176,7 +170,7 @@ def _submit(svc: FleetServices, profile: Profile, audio: Path, job_id: str) -> N
             status=JobStatus.DISPATCHED.value,
             profile=profile.name,
             audio_key=key,
-            size_bytes=store.size(key),
+            size_bytes=svc.storage.size(key),
             created_at=now,
             dispatched_at=now,
         )
@@ -185,7 +179,7 @@ def _submit(svc: FleetServices, profile: Profile, audio: Path, job_id: str) -> N
         raise SmokeRefused(f"{profile.name}: the broker refused the job")
 
 
-def _wait(svc: FleetServices, results: list[SmokeResult], deadline: float, poll: float) -> None:
+def _wait(svc: Services, results: list[SmokeResult], deadline: float, poll: float) -> None:
     pending = [r for r in results if r.job_id is not None and not r.problems]
     while pending and time.monotonic() < deadline:
         for result in list(pending):
@@ -212,7 +206,7 @@ def _wait(svc: FleetServices, results: list[SmokeResult], deadline: float, poll:
 
 
 def _finish(
-    svc: FleetServices,
+    svc: Services,
     results: list[SmokeResult],
     deadline: float,
     poll: float,
@@ -262,13 +256,13 @@ def _finish(
                 result.problems.append("teardown not confirmed within the time limit")
 
 
-def _gone(svc: FleetServices, worker_id: str) -> bool:
+def _gone(svc: Services, worker_id: str) -> bool:
     with svc.db.reader() as s:
         row = s.get(Worker, worker_id)
         return row is None or row.deleted_at is not None
 
 
-def _claim_teardown(svc: FleetServices, worker_id: str, own_job: str | None) -> str | None:
+def _claim_teardown(svc: Services, worker_id: str, own_job: str | None) -> str | None:
     """Start deleting the worker unless it runs a job that is not the smoke's; that job's id.
 
     One compare-and-set: a worker in `deleting` claims nothing more, so no user's job can land
@@ -282,7 +276,7 @@ def _claim_teardown(svc: FleetServices, worker_id: str, own_job: str | None) -> 
             WorkerState.DELETING,
             free,
             delete_reason="smoke",
-            delete_requested_at=utcnow(),
+            delete_requested_at=svc.clock(),
         )
         row = s.get(Worker, worker_id)
         if row is not None and row.state in LIVE_WORKER_STATES:  # still live: it holds a job
@@ -290,7 +284,7 @@ def _claim_teardown(svc: FleetServices, worker_id: str, own_job: str | None) -> 
     return None  # deleting now (or failed, or gone): the teardown goes on
 
 
-def _sweep(svc: FleetServices, results: list[SmokeResult], deadline: float, poll: float) -> None:
+def _sweep(svc: Services, results: list[SmokeResult], deadline: float, poll: float) -> None:
     """Delete whatever the provider lists under this run's worker tags and its rows do not
     account for: a create abandoned by a timeout or an interruption may still complete on the
     provider's side, so after one the sweep goes on for twice the provider timeout."""
@@ -331,20 +325,20 @@ def _sweep(svc: FleetServices, results: list[SmokeResult], deadline: float, poll
         time.sleep(poll)
 
 
-def _cancel(svc: FleetServices, job_id: str) -> None:
+def _cancel(svc: Services, job_id: str) -> None:
     with svc.db.session() as s:
         move_job(
             s,
             job_id,
             [status for status in JobStatus if not status.finished],
             JobStatus.CANCELLED,
-            finished_at=utcnow(),
+            finished_at=svc.clock(),
             error_code="cancelled",
             error_message="cancelled by murmur smoke",
         )
 
 
-def _read_back(svc: FleetServices, result: SmokeResult) -> None:
+def _read_back(svc: Services, result: SmokeResult) -> None:
     """Timings, runtime check and cost from the rows; what the provider still has of it."""
     profile = result.profile
     with svc.db.reader() as s:
@@ -366,7 +360,7 @@ def _read_back(svc: FleetServices, result: SmokeResult) -> None:
     for name in PHASES:
         moment = as_utc(stamps[name])
         result.timings[name] = None if moment is None else (moment - start).total_seconds()
-    end = as_utc(stamps["deleted"]) or utcnow()
+    end = as_utc(stamps["deleted"]) or svc.clock()
     if stamps["created"] is not None:  # no server, no bill
         # From the request (an upper bound: billing starts at power-on), in whole increments.
         seconds = max((end - start).total_seconds(), 1e-9)
@@ -423,12 +417,6 @@ def render(results: list[SmokeResult]) -> str:
     return "\n".join(lines)
 
 
-def process_services(settings: Settings) -> FleetServices:
+def process_services(settings: Settings) -> Services:
     """The services of a `murmur smoke` process: this config's database, broker and providers."""
-    return FleetServices(
-        settings=settings,
-        db=Database(settings.database_url),
-        redis=redis_client(settings, socket_timeout=10, socket_connect_timeout=5),
-        celery=make_celery(settings),
-        providers=ProviderRegistry(settings),
-    )
+    return build_services(settings, make_celery(settings), redis_timeout=10)

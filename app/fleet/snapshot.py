@@ -25,8 +25,8 @@ from app.fleet.planner import (
     WorkerSnapshot,
 )
 from app.fleet.providers.base import Instance, ProviderError
+from app.fleet.rules import fleet_rules
 from app.fleet.service import queue_depths
-from app.fleet.services import FleetServices
 from app.models import (
     LIVE_WORKER_STATES,
     SEEN_STARTING_AT,
@@ -38,6 +38,7 @@ from app.models import (
     server_gone,
 )
 from app.observability.store import last_reports
+from app.services import Services
 
 log = logging.getLogger("murmur.fleet")
 
@@ -68,10 +69,10 @@ def _latest(a: datetime | None, b: datetime | None) -> datetime | None:
 
 
 def read_snapshot(
-    svc: FleetServices, now: datetime, listening_since: datetime | None = None
+    svc: Services, now: datetime, listening_since: datetime | None = None
 ) -> Snapshot:
     """Everything the planner needs, read now; `listening_since` comes from the reconcile."""
-    rules = svc.rules()
+    rules = fleet_rules(svc.settings)
     db = _read_rows(svc, rules)
     instances, known = _inventory(svc, db.workers)
     state = FleetState(
@@ -123,7 +124,7 @@ class _Rows:
     active: Sequence[Any]  # rows of (id, profile, status, worker_id, dispatched_at)
 
 
-def _read_rows(svc: FleetServices, rules: FleetRules) -> _Rows:
+def _read_rows(svc: Services, rules: FleetRules) -> _Rows:
     active_states = [JobStatus.DISPATCHED.value, JobStatus.RUNNING.value]
     queued_ready = (Job.status == JobStatus.QUEUED.value) & Job.audio_key.is_not(None)
     with svc.db.session() as s:
@@ -162,7 +163,7 @@ def _read_rows(svc: FleetServices, rules: FleetRules) -> _Rows:
 
 
 def _profile_snapshots(
-    svc: FleetServices, learned: dict[str, ProfileState]
+    svc: Services, learned: dict[str, ProfileState]
 ) -> tuple[ProfileSnapshot, ...]:
     profiles = svc.settings.profiles
     depths = queue_depths(svc.redis, [p.name for p in profiles])
@@ -182,7 +183,7 @@ def _profile_snapshots(
     )
 
 
-def _worker_snapshots(svc: FleetServices, db: _Rows) -> tuple[WorkerSnapshot, ...]:
+def _worker_snapshots(svc: Services, db: _Rows) -> tuple[WorkerSnapshot, ...]:
     running_on = {
         a.worker_id for a in db.active if a.status == JobStatus.RUNNING.value and a.worker_id
     }
@@ -212,7 +213,7 @@ def _worker_snapshots(svc: FleetServices, db: _Rows) -> tuple[WorkerSnapshot, ..
 
 
 def _inventory(
-    svc: FleetServices, rows: list[Worker]
+    svc: Services, rows: list[Worker]
 ) -> tuple[dict[tuple[str, str], Instance], set[str]]:
     """Every provider's instances, in every zone a profile or a worker lives in; and the
     providers whose listing answered (an instance missing from another's is not known gone)."""

@@ -9,7 +9,8 @@ from sqlalchemy import func, select
 from app.config import load_settings
 from app.db import Database
 from app.fleet.providers.local import LocalProvider
-from app.models import Worker, WorkerState, utcnow
+from app.models import Worker, WorkerState
+from app.services import utc_clock
 from app.transitions import move_worker, worker_sources
 
 log = logging.getLogger("murmur.fleet")
@@ -32,7 +33,7 @@ def delete_all_local_workers() -> int:
     if deleted:
         db = Database(settings.database_url)
         try:
-            now = utcnow()
+            now = utc_clock()
             with db.session() as s:
                 ids = s.scalars(
                     select(Worker.id).where(

@@ -7,7 +7,6 @@ from flask import Blueprint, Response, jsonify
 from app.auth import require_admin_token
 from app.context import services
 from app.fleet.service import fleet_overview
-from app.models import utcnow
 
 fleet_bp = Blueprint("fleet", __name__)
 
@@ -16,4 +15,4 @@ fleet_bp = Blueprint("fleet", __name__)
 @require_admin_token
 def fleet() -> Response:
     svc = services()
-    return jsonify(fleet_overview(svc.settings, svc.db, svc.redis, utcnow()))
+    return jsonify(fleet_overview(svc.settings, svc.db, svc.redis, svc.clock()))

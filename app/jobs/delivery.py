@@ -13,8 +13,6 @@ import hmac
 import json
 import logging
 import time
-from collections.abc import Callable
-from datetime import datetime
 from typing import Any
 
 import requests
@@ -24,7 +22,8 @@ from app.db import Database
 from app.deadline import exchange_deadline
 from app.errors import Refused
 from app.jobs import service, webhooks
-from app.models import Job, utcnow
+from app.models import Job
+from app.services import Clock
 from app.urls import check_url, pinned_session
 
 log = logging.getLogger(__name__)
@@ -56,7 +55,7 @@ def sign_webhook(secret: str, timestamp: int, body: bytes) -> str:
 def deliver_due(
     settings: Settings,
     db: Database,
-    clock: Callable[[], datetime] = utcnow,
+    clock: Clock,
     *,
     limit: int = SWEEP_LIMIT,
     budget_seconds: float = SWEEP_BUDGET_SECONDS,
@@ -77,29 +76,29 @@ def deliver_due(
 
 
 def attempt_webhook(
-    settings: Settings, db: Database, job_id: str, clock: Callable[[], datetime] = utcnow
+    settings: Settings, db: Database, job_id: str, clock: Clock
 ) -> webhooks.Settled | None:
     """Claim, send and settle one attempt; the webhook's new state, or None if none was made."""
     attempt = webhooks.claim_attempt(db, job_id, clock())
     if attempt is None:
         return None  # not due: delivered, failed, waiting for its back-off, or being sent
     job = service.get_job(db, job_id)
-    ok, reason = _send_webhook(settings, job)
+    ok, reason = _send_webhook(settings, job, int(clock().timestamp()))
     settled = webhooks.settle_attempt(db, job_id, attempt, ok, clock())
     if settled is not None and settled.status == "failed":
         log.warning("webhook for %s gave up after %d tries (%s)", job_id, attempt, reason)
     return settled
 
 
-def _send_webhook(settings: Settings, job: Job) -> tuple[bool, str]:
-    """POST the signed summary once; (delivered, why not)."""
+def _send_webhook(settings: Settings, job: Job, timestamp: int) -> tuple[bool, str]:
+    """POST the signed summary once, signed at `timestamp`; (delivered, why not)."""
     if not job.webhook_url:
         return False, "no_webhook_url"
     body = json.dumps(webhook_payload(job), separators=(",", ":")).encode()
     headers = {
         "Content-Type": "application/json",
         "User-Agent": "murmur-webhook/1",
-        SIGNATURE_HEADER: sign_webhook(settings.reveal("webhook_secret"), int(time.time()), body),
+        SIGNATURE_HEADER: sign_webhook(settings.reveal("webhook_secret"), timestamp, body),
     }
     try:
         checked = check_url(

@@ -11,19 +11,20 @@ import base64
 import json
 import logging
 from collections.abc import Collection
+from datetime import datetime
 
 import redis
 from celery import Celery
 
 from app.db import Database
-from app.models import Job, JobStatus, utcnow
+from app.models import Job, JobStatus
 from app.transitions import move_job
 from gpu_worker.protocol.broker import TRANSCRIBE_TASK, queue_name
 
 log = logging.getLogger(__name__)
 
 
-def dispatch_job(db: Database, celery: Celery, job_id: str, profile: str) -> bool:
+def dispatch_job(db: Database, celery: Celery, job_id: str, profile: str, *, now: datetime) -> bool:
     """Send a queued job to `transcribe.<profile>`; False if not queued or the send failed."""
     with db.session() as s:
         moved = move_job(
@@ -33,7 +34,7 @@ def dispatch_job(db: Database, celery: Celery, job_id: str, profile: str) -> boo
             JobStatus.DISPATCHED,
             Job.audio_key.is_not(None),
             profile=profile,
-            dispatched_at=utcnow(),
+            dispatched_at=now,
         )
     if not moved:
         return False

@@ -11,19 +11,16 @@ import logging
 from functools import partial
 from pathlib import Path
 
-import redis
 import requests
-from celery import Celery
 from sqlalchemy import update
 
 from app.audio import probe_audio
-from app.config import Settings
-from app.db import Database, rows_changed
+from app.db import rows_changed
 from app.deadline import exchange_deadline
 from app.errors import Refused
 from app.jobs import service
 from app.models import Job, JobStatus
-from app.storage import LocalAudioStore
+from app.services import Services
 from app.urls import check_url, pinned_session
 
 log = logging.getLogger(__name__)
@@ -34,15 +31,13 @@ FETCH_TIMEOUT = (5.0, 30.0)  # connect, read (each socket read)
 FETCH_DEADLINE_SECONDS = 300
 
 
-def fetch_audio(
-    settings: Settings, db: Database, r: redis.Redis, celery: Celery, job_id: str
-) -> None:
+def fetch_audio(svc: Services, job_id: str) -> None:
     """Download a URL job's audio (SSRF-checked, size-capped), store it, then dispatch it."""
+    settings, db, store = svc.settings, svc.db, svc.storage
     job = service.get_job(db, job_id)
     if job.status != JobStatus.QUEUED.value or job.audio_key is not None or not job.source_url:
         return  # redelivered after success, or cancelled meanwhile
-    store = LocalAudioStore(settings.storage_path)
-    fail = partial(_fail, db, r, celery, job_id)
+    fail = partial(_fail, svc, job_id)
     staged = store.staging_path()
     limit = settings.api.max_upload_bytes
     try:
@@ -89,7 +84,7 @@ def fetch_audio(
     if not moved:
         store.delete(key)
         return
-    service.try_dispatch_now(db, settings, celery, job_id)
+    service.try_dispatch_now(db, settings, svc.celery, job_id, now=svc.clock())
 
 
 def _too_slow() -> Refused:
@@ -119,8 +114,6 @@ def _download(http: requests.Session, url: str, staged: Path, limit: int) -> int
     return size
 
 
-def _fail(
-    db: Database, r: redis.Redis, celery: Celery, job_id: str, code: str, message: str
-) -> None:
-    if service.fail_job(db, job_id, code, message):
-        service.announce_finished(r, celery, service.get_job(db, job_id))
+def _fail(svc: Services, job_id: str, code: str, message: str) -> None:
+    if service.fail_job(svc.db, job_id, code, message, now=svc.clock()):
+        service.announce_finished(svc.redis, svc.celery, service.get_job(svc.db, job_id))

@@ -23,21 +23,19 @@ from app.config import Settings
 from app.db import Database, rows_changed
 from app.errors import Refused
 from app.jobs.service import get_job
-from app.models import FINISHED_STATES, Job, utcnow
+from app.models import FINISHED_STATES, Job
 from app.storage import AudioStore
 
 log = logging.getLogger(__name__)
 
 
-def sweep_expired_audio(
-    db: Database, store: AudioStore, settings: Settings, now: datetime | None = None
-) -> int:
+def sweep_expired_audio(db: Database, store: AudioStore, settings: Settings, now: datetime) -> int:
     """Delete the audio of at most one batch of jobs past retention; how many were cleared.
 
     The query reads only the partial index `ix_jobs_audio_expiry` (jobs that still hold audio),
     so its cost does not grow with the jobs already swept.
     """
-    cutoff = (now or utcnow()) - timedelta(seconds=settings.retention.audio_seconds)
+    cutoff = now - timedelta(seconds=settings.retention.audio_seconds)
     with db.reader() as s:
         expired = list(
             s.execute(

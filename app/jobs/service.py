@@ -10,8 +10,9 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import time
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import redis
@@ -35,7 +36,6 @@ from app.models import (
     ProfileState,
     Worker,
     WorkerState,
-    utcnow,
 )
 from app.observability import record_job_finished
 from app.transitions import move_job
@@ -115,7 +115,7 @@ def find_idempotent(db: Database, owner: str, key: str) -> Job | None:
 
 
 def insert_job(
-    db: Database, req: JobRequest, settings: Settings | None = None, **fields: Any
+    db: Database, req: JobRequest, *, now: datetime, settings: Settings | None = None, **fields: Any
 ) -> tuple[Job, bool]:
     """Commit a new job row; (job, created). An idempotency key already used returns that job.
 
@@ -136,12 +136,12 @@ def insert_job(
         idempotency_key=req.idempotency_key,
         idempotency_hash=req.request_hash,
         status=JobStatus.QUEUED.value,
+        created_at=now,
         **fields,
     )
     try:
         with db.session() as s:
             if settings is not None and job.audio_key is not None:
-                now = utcnow()
                 profile = routable_profile(s, settings, now)
                 if profile is not None:
                     job.status = JobStatus.DISPATCHED.value
@@ -231,13 +231,15 @@ def routable_profile(session: Session, settings: Settings, now: datetime) -> str
     return None
 
 
-def try_dispatch_now(db: Database, settings: Settings, celery: Celery, job_id: str) -> bool:
+def try_dispatch_now(
+    db: Database, settings: Settings, celery: Celery, job_id: str, *, now: datetime
+) -> bool:
     """Dispatch a queued job at once if some profile has a live worker (else the reconcile will)."""
     with db.reader() as s:
-        profile = routable_profile(s, settings, utcnow())
+        profile = routable_profile(s, settings, now)
     if profile is None:
         return False
-    return dispatch_job(db, celery, job_id, profile)
+    return dispatch_job(db, celery, job_id, profile, now=now)
 
 
 def list_jobs(
@@ -274,7 +276,7 @@ def _finish(db: Database, job_id: str, worker_id: str, to: JobStatus, **values: 
         return _update_held_job(s, job_id, worker_id, to, **values)
 
 
-def cancel_job(db: Database, job_id: str, owner: str) -> Job:
+def cancel_job(db: Database, job_id: str, owner: str, *, now: datetime) -> Job:
     job = get_job(db, job_id, owner)
     cancellable = (JobStatus.QUEUED.value, *ACTIVE_STATES)
     done = _transition(
@@ -282,7 +284,7 @@ def cancel_job(db: Database, job_id: str, owner: str) -> Job:
         job_id,
         cancellable,
         JobStatus.CANCELLED,
-        finished_at=utcnow(),
+        finished_at=now,
         error_code="cancelled",
         error_message="cancelled by the client",
     )
@@ -312,7 +314,9 @@ def _holder_is_on_it(session: Session, job: Job) -> bool:
     )
 
 
-def claim_job(db: Database, job_id: str, worker: WorkerCaller, max_attempts: int) -> Claim:
+def claim_job(
+    db: Database, job_id: str, worker: WorkerCaller, max_attempts: int, *, now: datetime
+) -> Claim:
     """Hand the job to this worker if it is still meant for the worker's profile.
 
     A `dispatched` job is claimable. A `running` one only by the worker that holds it (a
@@ -321,7 +325,6 @@ def claim_job(db: Database, job_id: str, worker: WorkerCaller, max_attempts: int
     job is transcribed by one worker at a time. After `max_attempts` starts the job fails
     instead of looping forever.
     """
-    now = utcnow()
     with db.session() as s:
         job = s.get(Job, job_id)
         if job is None or job.status not in ACTIVE_STATES or job.profile != worker.profile:
@@ -368,10 +371,10 @@ def claim_job(db: Database, job_id: str, worker: WorkerCaller, max_attempts: int
     return Claim(get_job(db, job_id))
 
 
-def record_heartbeat(db: Database, worker_id: str) -> None:
+def record_heartbeat(db: Database, worker_id: str, *, now: datetime) -> None:
     """The worker was heard from: the fleet deletes workers that miss three reports in a row."""
     with db.session() as s:
-        s.execute(update(Worker).where(Worker.id == worker_id).values(last_seen_at=utcnow()))
+        s.execute(update(Worker).where(Worker.id == worker_id).values(last_seen_at=now))
 
 
 def job_held_by(db: Database, job_id: str, worker_id: str) -> bool:
@@ -381,25 +384,26 @@ def job_held_by(db: Database, job_id: str, worker_id: str) -> bool:
     return job is not None and job.status == JobStatus.RUNNING.value and job.worker_id == worker_id
 
 
-def release_job(db: Database, job_id: str, worker_id: str) -> bool:
+def release_job(db: Database, job_id: str, worker_id: str, *, now: datetime) -> bool:
     """A draining worker hands a running job back: it becomes claimable by the next worker."""
     with db.session() as s:
         moved = _update_held_job(s, job_id, worker_id, JobStatus.DISPATCHED, worker_id=None)
         s.execute(
             update(Worker)
             .where(Worker.id == worker_id, Worker.current_job_id == job_id)
-            .values(current_job_id=None, idle_since=utcnow())
+            .values(current_job_id=None, idle_since=now)
         )
     return bool(moved)
 
 
-def _release_worker(db: Database, worker_id: str, job_id: str, *, counted: bool) -> None:
+def _release_worker(
+    db: Database, worker_id: str, job_id: str, *, counted: bool, now: datetime
+) -> None:
     """The worker is done with the job (it says so): free it; count the job only if `counted`.
 
     A refused word (the job was cancelled, re-routed or already finished) still frees the
     worker, but did nothing, so it must not grow `jobs_done`.
     """
-    now = utcnow()
     with db.session() as s:
         worker = s.get(Worker, worker_id)
         if worker is None:
@@ -413,7 +417,13 @@ def _release_worker(db: Database, worker_id: str, job_id: str, *, counted: bool)
 
 
 def store_result(
-    db: Database, job_id: str, worker_id: str, transcript: dict[str, Any], seconds: float
+    db: Database,
+    job_id: str,
+    worker_id: str,
+    transcript: dict[str, Any],
+    seconds: float,
+    *,
+    now: datetime,
 ) -> bool:
     """Store the transcript once; False when the job had already finished (or was cancelled)."""
     stored = _finish(
@@ -423,36 +433,38 @@ def store_result(
         JobStatus.SUCCEEDED,
         transcript=transcript,
         processing_seconds=seconds,
-        finished_at=utcnow(),
+        finished_at=now,
         error_code=None,
         error_message=None,
     )
-    _release_worker(db, worker_id, job_id, counted=stored)
+    _release_worker(db, worker_id, job_id, counted=stored, now=now)
     return stored
 
 
-def store_failure(db: Database, job_id: str, worker_id: str, code: str, message: str) -> bool:
+def store_failure(
+    db: Database, job_id: str, worker_id: str, code: str, message: str, *, now: datetime
+) -> bool:
     stored = _finish(
         db,
         job_id,
         worker_id,
         JobStatus.FAILED,
-        finished_at=utcnow(),
+        finished_at=now,
         error_code=code,
         error_message=message,
     )
-    _release_worker(db, worker_id, job_id, counted=stored)
+    _release_worker(db, worker_id, job_id, counted=stored, now=now)
     return stored
 
 
-def fail_job(db: Database, job_id: str, code: str, message: str) -> bool:
+def fail_job(db: Database, job_id: str, code: str, message: str, *, now: datetime) -> bool:
     """Fail a job the control plane itself gave up on (URL fetch failed, no profile left...)."""
     return _transition(
         db,
         job_id,
         (JobStatus.QUEUED.value, *ACTIVE_STATES),
         JobStatus.FAILED,
-        finished_at=utcnow(),
+        finished_at=now,
         error_code=code,
         error_message=message,
     )
@@ -475,8 +487,10 @@ def announce_finished(r: redis.Redis, celery: Celery, job: Job) -> None:
 def wait_until_finished(
     db: Database, r: redis.Redis, job_id: str, timeout: float, poll_seconds: float = 1.0
 ) -> Job:
-    """Block until the job finishes or `timeout` passes; returns the job as last read."""
-    deadline = utcnow() + timedelta(seconds=timeout)
+    """Block until the job finishes or `timeout` seconds of real time pass; returns the job as
+    last read. A wait is measured on the monotonic clock, not `Services.clock`: it blocks a
+    request for real."""
+    deadline = time.monotonic() + timeout
     pubsub = r.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
     try:
         pubsub.subscribe(DONE_CHANNEL + job_id)
@@ -484,7 +498,7 @@ def wait_until_finished(
             job = get_job(db, job_id)
             if job.status in FINISHED_STATES:
                 return job
-            left = (deadline - utcnow()).total_seconds()
+            left = deadline - time.monotonic()
             if left <= 0:
                 return job
             pubsub.get_message(timeout=min(poll_seconds, left))

@@ -16,17 +16,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
-from celery import Celery
-
 from app.audio import probe_audio
 from app.celery_config import FETCH_AUDIO
-from app.config import Settings
-from app.db import Database
 from app.errors import Refused
 from app.jobs import idempotency, service
 from app.jobs.dispatch import send_dispatched
 from app.models import Job, JobStatus
-from app.storage import AudioStore
+from app.services import Services
 
 
 class Upload(Protocol):
@@ -39,10 +35,7 @@ class Upload(Protocol):
 class Submitter:
     """What submitting needs, and nothing of HTTP."""
 
-    settings: Settings
-    db: Database
-    storage: AudioStore
-    celery: Celery
+    svc: Services
     # Holds a slot of the bounded pool of slow probes for as long as its context lasts.
     probe_slot: Callable[[], AbstractContextManager[None]]
 
@@ -54,17 +47,18 @@ class Submitter:
         key = req.idempotency_key
         if key is not None:
             req = replace(req, request_hash=idempotency.fingerprint(req, digest()))
-            existing = service.find_idempotent(self.db, req.owner, key)
+            existing = service.find_idempotent(self.svc.db, req.owner, key)
             if existing is not None:
                 return idempotency.replay(existing, req.request_hash), False
         staged, size, duration = self._stage(upload)
         audio_key = staged.name + ".audio"
         try:
-            self.storage.commit(staged, audio_key)
+            self.svc.storage.commit(staged, audio_key)
             job, created = service.insert_job(
-                self.db,
+                self.svc.db,
                 req,
-                self.settings,
+                now=self.svc.clock(),
+                settings=self.svc.settings,
                 audio_key=audio_key,
                 size_bytes=size,
                 duration_seconds=duration,
@@ -72,14 +66,16 @@ class Submitter:
         except BaseException:
             # No row refers to the audio: a refused or failed insert must not leave it behind.
             staged.unlink(missing_ok=True)
-            self.storage.delete(audio_key)
+            self.svc.storage.delete(audio_key)
             raise
         if not created:
-            self.storage.delete(audio_key)
+            self.svc.storage.delete(audio_key)
             return idempotency.replay(job, req.request_hash), False
         dispatched = job.status == JobStatus.DISPATCHED.value and job.profile is not None
-        if dispatched and not send_dispatched(self.db, self.celery, job.id, str(job.profile)):
-            job = service.get_job(self.db, job.id)  # back to queued: the reconcile retries
+        if dispatched and not send_dispatched(
+            self.svc.db, self.svc.celery, job.id, str(job.profile)
+        ):
+            job = service.get_job(self.svc.db, job.id)  # back to queued: the reconcile retries
         return job, True
 
     def url(self, req: service.JobRequest) -> tuple[Job, bool]:
@@ -88,13 +84,13 @@ class Submitter:
         queued."""
         if req.idempotency_key is not None:
             req = replace(req, request_hash=idempotency.fingerprint(req))
-        job, created = service.insert_job(self.db, req)
+        job, created = service.insert_job(self.svc.db, req, now=self.svc.clock())
         if not created:
             return idempotency.replay(job, req.request_hash), False
         try:
-            FETCH_AUDIO.send(self.celery, job.id, retry=False)
+            FETCH_AUDIO.send(self.svc.celery, job.id, retry=False)
         except Exception as exc:
-            service.delete_unstarted_job(self.db, job.id)
+            service.delete_unstarted_job(self.svc.db, job.id)
             raise Refused(
                 "broker_unavailable", "the job queue is unavailable; retry shortly"
             ) from exc
@@ -102,8 +98,8 @@ class Submitter:
 
     def _stage(self, upload: Upload) -> tuple[Path, int, float]:
         """Stream the upload to a staging file, enforce the size cap, probe it."""
-        limit = self.settings.api.max_upload_bytes
-        staged = self.storage.staging_path()
+        limit = self.svc.settings.api.max_upload_bytes
+        staged = self.svc.storage.staging_path()
         try:
             upload.save(str(staged))
             size = staged.stat().st_size
@@ -112,7 +108,7 @@ class Submitter:
                     "payload_too_large", f"the file is {size} bytes; the limit is {limit}"
                 )
             with self.probe_slot():
-                info = probe_audio(staged, self.settings.api.max_audio_seconds)
+                info = probe_audio(staged, self.svc.settings.api.max_audio_seconds)
         except BaseException:
             staged.unlink(missing_ok=True)
             raise

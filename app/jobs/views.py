@@ -116,7 +116,7 @@ def _form_upload(svc: Services, allowed_fields: set[str]) -> tuple[FileStorage, 
 
 
 def _submitter(svc: Services) -> Submitter:
-    return Submitter(svc.settings, svc.db, svc.storage, svc.celery, probe_slot)
+    return Submitter(svc, probe_slot)
 
 
 def create_upload_job(
@@ -225,7 +225,7 @@ def cancel_job(job_id: str) -> Response:
     if _flag(request.args.get("purge"), "purge"):
         retention.purge_job(svc.db, svc.storage, job_id, g.owner)
         return Response(status=204)
-    job = service.cancel_job(svc.db, job_id, g.owner)
+    job = service.cancel_job(svc.db, job_id, g.owner, now=svc.clock())
     service.announce_finished(svc.redis, svc.celery, job)
     return jsonify(service.job_json(job))
 

@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -109,7 +108,7 @@ def report(worker_id: str, instance_id: str) -> Response:
         # sent by a live worker: with reporting on, reports are its only heartbeat, and the
         # fleet deletes workers that miss three reports in a row.
         try:
-            service.record_heartbeat(svc.db, worker.id)
+            service.record_heartbeat(svc.db, worker.id, now=svc.clock())
         except SQLAlchemyError as exc:  # the refusal is the answer, not a 500
             log.warning("report refused; heartbeat not recorded: %s", type(exc).__name__)
         raise
@@ -134,7 +133,7 @@ def _accept(svc: Services, worker_id: str) -> Response:
     # same rules (gpu_worker/protocol/redaction.py) and the presented credential as a secret.
     presented = bearer_token() or ""
     lines = [(line.number, clean_log_line(line.text, (presented,))) for line in usage.log]
-    now = time.time()
+    now = svc.clock().timestamp()
     accepted = store.store_report(
         svc.redis,
         worker_id,
@@ -231,7 +230,7 @@ def diagnostics(worker_id: str) -> Response:
         raise ApiError(404, "worker_not_found", f"no worker {worker_id!r}")
     snapshot = store.read_snapshot(svc.redis, worker_id)
     last_report = store.read_last_report(svc.redis, worker_id)
-    now = time.time()
+    now = svc.clock().timestamp()
     return jsonify(
         {
             "worker": {

@@ -39,10 +39,10 @@ from app.fleet.providers import ProviderRegistry
 from app.fleet.providers.scaleway import ScalewayProvider
 from app.fleet.reconcile import LOCK_KEY
 from app.fleet.service import PLAN_KEY
-from app.fleet.services import FleetServices
 from app.migrate import upgrade
 from app.models import utcnow
 from app.observability.store import count_rejection, snapshot_key
+from app.services import build_services
 from gpu_worker.celery_app import make_celery as make_worker_celery
 from gpu_worker.jobs import Outcome
 from gpu_worker.runtime import RuntimeProfileError, load_runtime_profile
@@ -540,13 +540,13 @@ def test_the_fleet_runs_a_worker_lifecycle_over_tls_within_its_rights(
             "redis_url": broker.control_url,
             "redis_ca_certs": str(broker.pki.ca),
             "worker_broker_url": broker.url(),
+            "storage_path": str(tmp_path / "audio"),
         }
     )
-    svc = FleetServices(
-        settings=settings,
+    svc = build_services(
+        settings,
+        make_celery(settings),
         db=db,
-        redis=redis_client(settings, socket_timeout=5),
-        celery=make_celery(settings),
         providers=ProviderRegistry(
             settings,
             {"scaleway": ScalewayProvider(settings, poll_interval=0.01, teardown_wait=1.0)},

@@ -51,6 +51,7 @@ from app.jobs.delivery import sign_webhook
 from app.jobs.retention import sweep_expired_audio
 from app.migrate import alembic_config
 from app.models import Job, ProfileState, Worker, WorkerState, utcnow
+from app.services import utc_clock
 from app.storage import LocalAudioStore
 from tests.conftest import FIXTURES, ROOT, Proc, free_port, start_process, wait_for
 from tests.deploy.compose_secrets import header_commands, host_path, running_broker
@@ -703,7 +704,7 @@ def test_every_command_of_the_operations_guide(stack: Stack) -> None:  # noqa: P
     walk.step(r"docker compose restart control-worker beat api")
     control = stack.settings("control-worker")
     assert control.retention.audio_seconds == 3600
-    assert sweep_expired_audio(db, LocalAudioStore(control.storage_path), control) == 1
+    assert sweep_expired_audio(db, LocalAudioStore(control.storage_path), control, utc_clock()) == 1
     assert not audio.exists()
 
     # ---- Upgrade while jobs run --------------------------------------------------------------

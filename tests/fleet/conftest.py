@@ -1,6 +1,6 @@
 """Fixtures for fleet tests: real Redis (db 14), SQLite and PostgreSQL, the Scaleway emulator.
 
-`make_fleet` builds a FleetServices wired to all of them with a fake clock, plus helpers that
+`make_fleet` builds a Services wired to all of them with a fake clock, plus helpers that
 play the workers' part in the database (report ready, claim, finish), so reconcile can be
 driven step by step without real transcription.
 """
@@ -29,9 +29,9 @@ from app.fleet.providers import ProviderRegistry
 from app.fleet.providers.base import Provider
 from app.fleet.providers.scaleway import ScalewayProvider
 from app.fleet.reconcile import ReconcileReport, reconcile
-from app.fleet.services import FleetServices
 from app.migrate import upgrade
 from app.models import Job, JobStatus, ProfileState, Worker, WorkerState
+from app.services import Services, build_services
 from tests.fleet.emulator import InstanceEmulator
 
 FLEET_REDIS_URL = os.environ.get("MURMUR_FLEET_TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
@@ -219,7 +219,7 @@ def runtime_for(profile: Profile, /, **override: Any) -> dict[str, Any]:
 
 @dataclass
 class Fleet:
-    svc: FleetServices
+    svc: Services
     clock: FakeClock
     emulator: InstanceEmulator | None
     reports: list[ReconcileReport] = field(default_factory=list)
@@ -340,7 +340,7 @@ MakeFleet = Callable[..., Fleet]
 
 @pytest.fixture()
 def make_fleet(
-    fleet_db: Database, fleet_redis: redis.Redis, emulator: InstanceEmulator
+    fleet_db: Database, fleet_redis: redis.Redis, emulator: InstanceEmulator, tmp_path: Path
 ) -> Iterator[MakeFleet]:
     celeries: list[Any] = []
 
@@ -360,7 +360,9 @@ def make_fleet(
                 "zone": "fr-par-1",
             },
         }
-        settings = fleet_settings(emulator.url, groups, profiles or [L4, P100], **settings_kw)
+        settings = fleet_settings(
+            emulator.url, groups, profiles or [L4, P100], **settings_kw
+        ).model_copy(update={"storage_path": str(tmp_path / "audio")})
         celery = make_celery(settings)
         celeries.append(celery)
         overrides: dict[str, Provider] = {
@@ -368,11 +370,10 @@ def make_fleet(
         }
         overrides.update(providers or {})
         clock = FakeClock()
-        svc = FleetServices(
-            settings=settings,
+        svc = build_services(
+            settings,
+            celery,
             db=fleet_db,
-            redis=fleet_redis,
-            celery=celery,
             providers=ProviderRegistry(settings, overrides),
             clock=clock,
         )

@@ -9,25 +9,20 @@ from __future__ import annotations
 import json
 import sys
 
-import redis
-
 from app.celery_config import make_celery
 from app.config import Settings
-from app.db import Database
 from app.fleet.providers import ProviderRegistry
 from app.fleet.providers.scaleway import ScalewayProvider
 from app.fleet.reconcile import reconcile
-from app.fleet.services import FleetServices
+from app.services import build_services
 
 
 def main(raw: str) -> None:
     settings = Settings.model_validate(json.loads(raw))
     provider = ScalewayProvider(settings, poll_interval=0.01, teardown_wait=1.0)
-    svc = FleetServices(
-        settings=settings,
-        db=Database(settings.database_url),
-        redis=redis.Redis.from_url(settings.redis_url),
-        celery=make_celery(settings),
+    svc = build_services(
+        settings,
+        make_celery(settings),
         providers=ProviderRegistry(settings, {"scaleway": provider}),
     )
     print("started", flush=True)

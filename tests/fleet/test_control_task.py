@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-import tasks.control as control
 from app.celery_config import CONTROL_QUEUE, CONTROL_TASKS
+from tasks import context
 from tasks.celery_app import celery_app
 from tasks.control import reconcile
 from tests.fleet.conftest import MakeFleet
@@ -27,7 +27,7 @@ def test_the_task_runs_one_reconcile(
 ) -> None:
     fleet = make_fleet()
     fleet.add_jobs(1)
-    monkeypatch.setattr(control, "_PROCESS", fleet.svc)
+    monkeypatch.setattr(context, "services", lambda: fleet.svc)
     result = reconcile.run()
     assert result["ran"] is True and result["actions"] == 1
     assert result["planned_hourly_eur"] == pytest.approx(0.75)

@@ -23,7 +23,7 @@ def submit(fleet: Fleet) -> tuple[str, str | None]:
     with fleet.db.reader() as s:
         profile = routable_profile(s, fleet.svc.settings, fleet.clock())
     if profile is not None:
-        assert dispatch_job(fleet.db, fleet.svc.celery, job_id, profile)
+        assert dispatch_job(fleet.db, fleet.svc.celery, job_id, profile, now=fleet.clock())
     return job_id, profile
 
 

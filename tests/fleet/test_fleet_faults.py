@@ -126,7 +126,7 @@ def test_a_booting_worker_whose_job_was_cancelled_is_retired(make_fleet: MakeFle
     assert w.state == WorkerState.BOOTING.value
     assert [j.status for j in fleet.jobs()] == [JobStatus.DISPATCHED.value]
 
-    cancel_job(fleet.db, job, "test")
+    cancel_job(fleet.db, job, "test", now=fleet.clock())
     fleet.reconcile(advance=5)
     settle(fleet)
     (w,) = fleet.workers()
@@ -229,7 +229,7 @@ def test_of_two_booting_workers_for_two_jobs_one_goes_when_a_job_is_cancelled(
     assert len(fleet.workers(WorkerState.BOOTING.value)) == 2
     assert [j.status for j in fleet.jobs()] == [JobStatus.DISPATCHED.value] * 2
 
-    cancel_job(fleet.db, second, "test")
+    cancel_job(fleet.db, second, "test", now=fleet.clock())
     fleet.reconcile(advance=5)
     settle(fleet)
     kept = fleet.workers(WorkerState.BOOTING.value)
@@ -246,13 +246,13 @@ def test_a_booting_worker_that_got_a_job_since_the_plan_is_kept(make_fleet: Make
     (job,) = fleet.add_jobs(1)
     fleet.reconcile()
     fleet.reconcile(advance=5)
-    cancel_job(fleet.db, job, "test")
+    cancel_job(fleet.db, job, "test", now=fleet.clock())
     snapshot = read_snapshot(fleet.svc, fleet.clock())
     plan = plan_fleet(snapshot.state)
     assert [a.reason for a in plan.actions if isinstance(a, Delete)] == ["not needed"]
     # Meanwhile the API sends a new job straight to the profile that has a worker.
     (late,) = fleet.add_jobs(1)
-    assert dispatch_job(fleet.db, fleet.svc.celery, late, "l4-par2")
+    assert dispatch_job(fleet.db, fleet.svc.celery, late, "l4-par2", now=fleet.clock())
 
     apply_plan(fleet.svc, snapshot, plan)
     (w,) = fleet.workers()

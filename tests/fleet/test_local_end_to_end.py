@@ -12,7 +12,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-import redis
 import requests
 from sqlalchemy import select
 
@@ -20,9 +19,9 @@ from app.celery_config import make_celery
 from app.fleet.providers import ProviderRegistry
 from app.fleet.providers.local import LocalProvider
 from app.fleet.reconcile import reconcile
-from app.fleet.services import FleetServices, utc_clock
 from app.models import Worker, WorkerState
-from tests.conftest import FIXTURES, REDIS_URL, LiveApi, api_get, auth, wait_for
+from app.services import build_services, utc_clock
+from tests.conftest import FIXTURES, LiveApi, api_get, auth, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -38,11 +37,10 @@ def test_reconcile_runs_a_local_worker_from_start_to_teardown(
     def clock() -> datetime:
         return utc_clock() + offset
 
-    svc = FleetServices(
-        settings=settings,
+    svc = build_services(
+        settings,
+        make_celery(settings),
         db=live_api.db,
-        redis=redis.Redis.from_url(REDIS_URL),
-        celery=make_celery(settings),
         providers=ProviderRegistry(
             settings, {"local": LocalProvider(settings, state_dir=state_dir, term_grace=10)}
         ),

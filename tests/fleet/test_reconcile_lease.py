@@ -28,8 +28,8 @@ from app.fleet.providers import ProviderRegistry
 from app.fleet.providers.base import Bind, Instance, Provider, Teardown
 from app.fleet.providers.scaleway import ScalewayProvider
 from app.fleet.reconcile import LOCK_KEY, reconcile
-from app.fleet.services import FleetServices, utc_clock
 from app.models import WorkerState
+from app.services import Services, utc_clock
 from tasks.control import due
 from tests.fleet.conftest import (
     ACCESS_KEY,
@@ -242,7 +242,7 @@ def test_two_schedulers_never_run_two_reconciles_nor_provision_twice(
     ran = [0, 0]
     skipped = [0, 0]
 
-    def beat(i: int, svc: FleetServices) -> None:
+    def beat(i: int, svc: Services) -> None:
         stop = time.monotonic() + 3.0
         for _ in range(300):  # bounded in count and time
             if time.monotonic() > stop:

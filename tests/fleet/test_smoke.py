@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import redis
 from click.testing import CliRunner
 from sqlalchemy import select
 
@@ -22,10 +21,10 @@ from app.cli import main as murmur
 from app.config import LOCAL_CPU_PROFILE
 from app.fleet.providers import ProviderRegistry
 from app.fleet.providers.local import LocalProvider
-from app.fleet.services import FleetServices
 from app.fleet.smoke import PHASES, SmokeRefused, render, run_smoke
 from app.models import Job, Worker, WorkerState
-from tests.conftest import REDIS_URL, LiveApi, wait_for
+from app.services import Services, build_services
+from tests.conftest import LiveApi, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -33,13 +32,12 @@ REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "samples" / "welcome.wav"
 
 
-def _services(live_api: LiveApi, state_dir: Path) -> FleetServices:
+def _services(live_api: LiveApi, state_dir: Path) -> Services:
     settings = live_api.settings
-    return FleetServices(
-        settings=settings,
+    return build_services(
+        settings,
+        make_celery(settings),
         db=live_api.db,
-        redis=redis.Redis.from_url(REDIS_URL),
-        celery=make_celery(settings),
         providers=ProviderRegistry(
             settings, {"local": LocalProvider(settings, state_dir=state_dir, term_grace=10)}
         ),

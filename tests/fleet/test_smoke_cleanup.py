@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from app.config import Profile
-from app.fleet.services import FleetServices
 from app.fleet.smoke import SmokeInterrupted, SmokeRefused, render, run_smoke, worst_case_eur
 from app.models import Job, JobStatus, Worker, WorkerState, new_id
+from app.services import Services
 from tests.fleet.conftest import L4, P100, MakeFleet
 from tests.fleet.emulator import InstanceEmulator
 
@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "samples" / "welcome.wav"
 
 
-def _smoke_services(make_fleet: MakeFleet, tmp_path: Path) -> FleetServices:
+def _smoke_services(make_fleet: MakeFleet, tmp_path: Path) -> Services:
     svc = make_fleet([L4]).svc
     settings = svc.settings.model_copy(update={"storage_path": str(tmp_path / "audio")})
     return dataclasses.replace(svc, settings=settings)

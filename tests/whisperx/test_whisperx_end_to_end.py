@@ -26,8 +26,8 @@ from app.db import Database
 from app.fleet.providers import ProviderRegistry
 from app.fleet.providers.local import LocalProvider
 from app.fleet.reconcile import reconcile
-from app.fleet.services import FleetServices, utc_clock
 from app.models import Worker
+from app.services import build_services, utc_clock
 from tests.conftest import (
     API_TOKEN,
     FIXTURES,
@@ -108,11 +108,10 @@ def test_jobs_on_a_whisperx_profile_come_back_within_the_wer_bound(
     state_dir = tmp_path / "instances"
     monkeypatch.setenv("MURMUR_CPU_THREADS", "2")  # inherited by the local worker process
     provider = LocalProvider(settings, state_dir=state_dir, term_grace=10)
-    svc = FleetServices(
-        settings=settings,
+    svc = build_services(
+        settings,
+        make_celery(settings),
         db=whisperx_api.db,
-        redis=redis.Redis.from_url(REDIS_URL),
-        celery=make_celery(settings),
         providers=ProviderRegistry(settings, {"local": provider}),
         clock=utc_clock,
     )
