@@ -61,12 +61,12 @@ from app.jobs.service import cancel_job  # noqa: E402
 from app.models import Job, JobStatus, Worker, WorkerState  # noqa: E402
 from app.services import build_services  # noqa: E402
 from gpu_worker.protocol.broker import queue_name  # noqa: E402
+from tests.conftest import FakeClock  # noqa: E402
 from tests.fleet.conftest import (  # noqa: E402
     L4,
     P100,
     PROJECT_ID,
     SECRET_KEY,
-    FakeClock,
     fleet_settings,
     runtime_for,
 )

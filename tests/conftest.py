@@ -1,7 +1,9 @@
 """Shared fixtures: real Redis, real PostgreSQL and SQLite, settings, the API, live processes.
 
-Redis tests use database 15 (override with MURMUR_TEST_REDIS_URL) and flush it; PostgreSQL
-tests create a throw-away database on the server named by MURMUR_TEST_POSTGRES_URL.
+The one fixture stack of every test directory. Redis tests use database 15 (override with
+MURMUR_TEST_REDIS_URL) and flush it; PostgreSQL tests share one database of the session on the
+server named by MURMUR_TEST_POSTGRES_URL, emptied before each test. Time is a `FakeClock` where
+a test steps it, injected as `Services.clock` (app/services.py).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +29,7 @@ from werkzeug.serving import make_server
 
 from app import create_app
 from app.config import Settings, load_settings
-from app.db import Database
+from app.db import Base, Database
 from app.fleet.cloudinit import worker_environment
 from app.migrate import upgrade
 from app.models import Worker, WorkerState, utcnow
@@ -43,6 +46,23 @@ OTHER_TOKEN = "test-api-token-" + "b" * 32
 SIGNING_KEY = "test-signing-key-" + "c" * 32
 WEBHOOK_SECRET = "test-webhook-secret-" + "d" * 32
 ADMIN_TOKEN = "test-admin-token-" + "e" * 32
+
+
+T0 = datetime(2026, 3, 1, 9, 0, tzinfo=UTC)
+
+
+class FakeClock:
+    """A clock that moves only when told: inject it as `Services.clock`."""
+
+    def __init__(self, start: datetime = T0) -> None:
+        self.now = start
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> datetime:
+        self.now += timedelta(seconds=seconds)
+        return self.now
 
 
 def free_port() -> int:
@@ -79,30 +99,47 @@ def postgres_server() -> str:
     return POSTGRES_URL
 
 
-def _postgres_database(server: str) -> Iterator[str]:
+@pytest.fixture(scope="session")
+def postgres_database(postgres_server: str) -> Iterator[str]:
+    """A database of our own on the server for the session, built by the migrations."""
     name = f"murmur_test_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(server, autocommit=True) as conn:
+    with psycopg.connect(postgres_server, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
-    base = server.rsplit("/", 1)[0]
-    yield f"{base}/{name}"
-    with psycopg.connect(server, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    url = f"{postgres_server.rsplit('/', 1)[0]}/{name}"
+    upgrade(url)
+    try:
+        yield url
+    finally:
+        with psycopg.connect(postgres_server, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _emptied(url: str) -> str:
+    """The database with every row gone, its schema (and Alembic's version) kept.
+
+    Connections a previous test left (a process killed mid-transaction, a pool not disposed)
+    are ended first, as `DROP DATABASE ... WITH (FORCE)` would: none may hold a lock on a row
+    this test needs.
+    """
+    tables = ", ".join(f'"{table.name}"' for table in Base.metadata.sorted_tables)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        conn.execute(f"TRUNCATE {tables}")
+    return url
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """Each test using it runs once on SQLite and once on PostgreSQL, migrated to head."""
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Each test using it runs on SQLite (a new file) and on PostgreSQL (the session's database,
+    emptied); both schemas are built by the migrations, as production's is."""
     if request.param == "sqlite":
         url = f"sqlite:///{tmp_path}/murmur.db"
         upgrade(url)
-        yield url
-    else:
-        server = request.getfixturevalue("postgres_server")
-        gen = _postgres_database(server)
-        url = next(gen)
-        upgrade(url)
-        yield url
-        next(gen, None)
+        return url
+    return _emptied(request.getfixturevalue("postgres_database"))
 
 
 def make_settings(database_url: str, redis_url: str, tmp_path: Path, **env: str) -> Settings:

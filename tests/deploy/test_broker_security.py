@@ -46,7 +46,8 @@ from app.services import build_services
 from gpu_worker.celery_app import make_celery as make_worker_celery
 from gpu_worker.jobs import Outcome
 from gpu_worker.runtime import RuntimeProfileError, load_runtime_profile
-from tests.fleet.conftest import L4, PROJECT_ID, SECRET_KEY, FakeClock, Fleet, fleet_settings
+from tests.conftest import FakeClock
+from tests.fleet.conftest import L4, PROJECT_ID, SECRET_KEY, Fleet, fleet_settings
 from tests.fleet.emulator import InstanceEmulator
 from tests.worker.conftest import CPU_ENV
 

@@ -7,43 +7,36 @@ driven step by step without real transcription.
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 import redis
 from sqlalchemy import select
 
 from app.celery_config import make_celery
 from app.config import Profile, Settings
-from app.db import Base, Database
+from app.db import Database
 from app.fleet import readiness
 from app.fleet.catalog import SERVER_TYPES
 from app.fleet.providers import ProviderRegistry
 from app.fleet.providers.base import Provider
 from app.fleet.providers.scaleway import ScalewayProvider
 from app.fleet.reconcile import ReconcileReport, reconcile
-from app.migrate import upgrade
 from app.models import Job, JobStatus, ProfileState, Worker, WorkerState
 from app.services import Services, build_services
+from tests.conftest import REDIS_URL, FakeClock
 from tests.fleet.emulator import InstanceEmulator
 
-FLEET_REDIS_URL = os.environ.get("MURMUR_FLEET_TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
-POSTGRES_SERVER = os.environ.get(
-    "MURMUR_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
-)
 SECRET_KEY = str(uuid.uuid4())
 ACCESS_KEY = "SCWXXXXXXXXXXXXXXXXX"
 PROJECT_ID = str(uuid.uuid4())
 SIGNING_KEY = "fleet-test-signing-key-" + "s" * 32
 WORKER_IMAGE = "rg.fr-par.scw.cloud/murmur/worker@sha256:" + "0123456789abcdef" * 4
-T0 = datetime(2026, 3, 1, 9, 0, tzinfo=UTC)
 
 L4 = {
     "name": "l4-par2",
@@ -79,84 +72,6 @@ P100 = {
 }
 
 
-class FakeClock:
-    def __init__(self, start: datetime = T0) -> None:
-        self.now = start
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, seconds: float) -> datetime:
-        self.now += timedelta(seconds=seconds)
-        return self.now
-
-
-@pytest.fixture()
-def fleet_redis() -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(FLEET_REDIS_URL)
-    try:
-        client.ping()
-    except redis.RedisError as exc:
-        pytest.fail(f"Redis at {FLEET_REDIS_URL} does not answer: {exc}")
-    client.flushdb()
-    yield client
-    client.flushdb()
-    client.close()
-
-
-def migrated_sqlite(tmp_path: Path) -> Database:
-    """A SQLite database whose schema the migrations built, as production's is."""
-    url = f"sqlite:///{tmp_path}/fleet.db"
-    upgrade(url)
-    return Database(url)
-
-
-def _postgres(name: str) -> str:
-    base = POSTGRES_SERVER.rsplit("/", 1)[0]
-    return f"{base}/{name}"
-
-
-@pytest.fixture(scope="session")
-def postgres_db() -> Iterator[Database]:
-    """A database of our own on the PostgreSQL server for the session, dropped at the end."""
-    name = f"murmur_fleet_test_{uuid.uuid4().hex[:8]}"
-    try:
-        with psycopg.connect(POSTGRES_SERVER, autocommit=True, connect_timeout=3) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
-    except psycopg.Error as exc:
-        pytest.fail(f"PostgreSQL at {POSTGRES_SERVER} does not answer: {exc}")
-    db = Database(_postgres(name))
-    upgrade(db.url)
-    try:
-        yield db
-    finally:
-        db.dispose()
-        with psycopg.connect(POSTGRES_SERVER, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def fleet_db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Database]:
-    """A fresh schema on SQLite, and an emptied one on PostgreSQL; both built by the migrations."""
-    if request.param == "sqlite":
-        db = migrated_sqlite(tmp_path)
-        yield db
-        db.dispose()
-        return
-    db = request.getfixturevalue("postgres_db")
-    with db.engine.begin() as conn:
-        for table in reversed(Base.metadata.sorted_tables):
-            conn.execute(table.delete())
-    yield db
-
-
-@pytest.fixture()
-def sqlite_db(tmp_path: Path) -> Iterator[Database]:
-    db = migrated_sqlite(tmp_path)
-    yield db
-    db.dispose()
-
-
 @pytest.fixture()
 def emulator() -> Iterator[InstanceEmulator]:
     emu = InstanceEmulator(secret_key=SECRET_KEY, project_id=PROJECT_ID)
@@ -176,7 +91,7 @@ def fleet_settings(
 ) -> Settings:
     return Settings.model_validate(
         {
-            "redis_url": FLEET_REDIS_URL,
+            "redis_url": REDIS_URL,
             "profiles": profiles,
             "security_groups": groups,
             "budget": {"max_hourly_eur": budget},
@@ -340,7 +255,7 @@ MakeFleet = Callable[..., Fleet]
 
 @pytest.fixture()
 def make_fleet(
-    fleet_db: Database, fleet_redis: redis.Redis, emulator: InstanceEmulator, tmp_path: Path
+    db: Database, clean_redis: redis.Redis, emulator: InstanceEmulator, tmp_path: Path
 ) -> Iterator[MakeFleet]:
     celeries: list[Any] = []
 
@@ -373,7 +288,7 @@ def make_fleet(
         svc = build_services(
             settings,
             celery,
-            db=fleet_db,
+            db=db,
             providers=ProviderRegistry(settings, overrides),
             clock=clock,
         )

@@ -124,18 +124,19 @@ def _worker(db: Database, state: str = WorkerState.BOOTING.value) -> str:
         return w.id
 
 
-def test_mark_ready_records_the_runtime_once(sqlite_db: Database) -> None:
-    wid = _worker(sqlite_db)
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_mark_ready_records_the_runtime_once(db: Database) -> None:
+    wid = _worker(db)
     runtime = runtime_for(L4_PROFILE)
-    with sqlite_db.session() as s:
+    with db.session() as s:
         row = s.get(Worker, wid)
         assert row is not None
         readiness.mark_ready(s, row, runtime, NOW)
-    with sqlite_db.session() as s:
+    with db.session() as s:
         row = s.get(Worker, wid)
         assert row is not None
         readiness.mark_ready(s, row, runtime, NOW + timedelta(seconds=30))  # a repeated report
-    with sqlite_db.session() as s:
+    with db.session() as s:
         row = s.get(Worker, wid)
         assert row is not None
         assert row.state == WorkerState.READY.value
@@ -146,25 +147,27 @@ def test_mark_ready_records_the_runtime_once(sqlite_db: Database) -> None:
         assert row.last_seen_at.replace(tzinfo=UTC) == NOW + timedelta(seconds=30)
 
 
-def test_mark_ready_leaves_a_worker_being_deleted_alone(sqlite_db: Database) -> None:
-    wid = _worker(sqlite_db, WorkerState.DELETING.value)
-    with sqlite_db.session() as s:
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_mark_ready_leaves_a_worker_being_deleted_alone(db: Database) -> None:
+    wid = _worker(db, WorkerState.DELETING.value)
+    with db.session() as s:
         row = s.get(Worker, wid)
         assert row is not None
         readiness.mark_ready(s, row, runtime_for(L4_PROFILE), NOW)
-    with sqlite_db.session() as s:
+    with db.session() as s:
         row = s.get(Worker, wid)
         assert row is not None and row.state == WorkerState.DELETING.value and row.ready_at is None
 
 
-def test_reject_fails_the_worker_with_its_reasons(sqlite_db: Database) -> None:
-    wid = _worker(sqlite_db)
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_reject_fails_the_worker_with_its_reasons(db: Database) -> None:
+    wid = _worker(db)
     problems = ["vad: worker runs 'silero', profile l4-par2 requires 'pyannote'"]
-    with sqlite_db.session() as s:
+    with db.session() as s:
         row = s.get(Worker, wid)
         assert row is not None
         readiness.reject(s, row, problems, NOW)
-    with sqlite_db.session() as s:
+    with db.session() as s:
         row = s.get(Worker, wid)
         assert row is not None
         assert row.state == WorkerState.FAILED.value

@@ -15,7 +15,8 @@ from app.fleet.reconcile import LISTENING_KEY, LOCK_KEY, listening_since
 from app.fleet.service import read_plan
 from app.models import Job, JobStatus, Worker, WorkerState
 from app.observability.store import FRESHNESS_KEY, PROVISION_ATTEMPTS_KEY, snapshot_key
-from tests.fleet.conftest import L4, P100, SIGNING_KEY, T0, Fleet, MakeFleet
+from tests.conftest import T0
+from tests.fleet.conftest import L4, P100, SIGNING_KEY, Fleet, MakeFleet
 
 LIVE = (
     WorkerState.REQUESTED.value,

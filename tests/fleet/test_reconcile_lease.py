@@ -31,9 +31,9 @@ from app.fleet.reconcile import LOCK_KEY, reconcile
 from app.models import WorkerState
 from app.services import Services, utc_clock
 from tasks.control import due
+from tests.conftest import REDIS_URL
 from tests.fleet.conftest import (
     ACCESS_KEY,
-    FLEET_REDIS_URL,
     L4,
     P100,
     PROJECT_ID,
@@ -53,7 +53,7 @@ def _holder_settings(fleet: Fleet) -> dict[str, Any]:
     """The raw settings of `fleet`, for a reconcile in another process (same DB, Redis, API)."""
     settings = fleet.svc.settings
     return {
-        "redis_url": FLEET_REDIS_URL,
+        "redis_url": REDIS_URL,
         "database_url": fleet.db.url,
         "profiles": [L4, P100],
         "security_groups": {
@@ -121,7 +121,7 @@ def test_a_slow_live_run_keeps_its_lock_and_completes(make_fleet: MakeFleet) -> 
     assert fleet.emulator is not None
     fleet.emulator.inject("create", "slow", zone="fr-par-2", delay=3 * LEASE, times=1)
     fleet.add_jobs(1)
-    other = replace(fleet.svc, redis=redis.Redis.from_url(FLEET_REDIS_URL))
+    other = replace(fleet.svc, redis=redis.Redis.from_url(REDIS_URL))
     result: dict[str, Any] = {}
     run = threading.Thread(target=lambda: result.update(report=reconcile(fleet.svc)))
     run.start()
@@ -145,12 +145,12 @@ def test_a_slow_live_run_keeps_its_lock_and_completes(make_fleet: MakeFleet) -> 
     assert last_reconciled(fleet.svc.redis) == fleet.clock().timestamp()
 
 
-def test_a_lease_lost_to_another_owner_stops_the_holder(fleet_redis: redis.Redis) -> None:
-    lease = Lease(fleet_redis, LOCK_KEY, LEASE)
+def test_a_lease_lost_to_another_owner_stops_the_holder(clean_redis: redis.Redis) -> None:
+    lease = Lease(clean_redis, LOCK_KEY, LEASE)
     assert lease.acquire()
     try:
         lease.check()
-        fleet_redis.set(LOCK_KEY, "someone else", px=10_000)  # as after an expiry and takeover
+        clean_redis.set(LOCK_KEY, "someone else", px=10_000)  # as after an expiry and takeover
         deadline = time.monotonic() + 3 * LEASE
         lost = False
         while not lost and time.monotonic() < deadline:
@@ -163,8 +163,8 @@ def test_a_lease_lost_to_another_owner_stops_the_holder(fleet_redis: redis.Redis
     finally:
         lease.release()
     # Neither renewal nor release touched the other owner's lease.
-    assert fleet_redis.get(LOCK_KEY) == b"someone else"
-    assert fleet_redis.pttl(LOCK_KEY) > 5_000
+    assert clean_redis.get(LOCK_KEY) == b"someone else"
+    assert clean_redis.pttl(LOCK_KEY) > 5_000
 
 
 class _Probe:
@@ -236,7 +236,7 @@ def test_two_schedulers_never_run_two_reconciles_nor_provision_twice(
             fleet.svc,
             providers=providers,
             clock=utc_clock,
-            redis=redis.Redis.from_url(FLEET_REDIS_URL),
+            redis=redis.Redis.from_url(REDIS_URL),
         ),
     ]
     ran = [0, 0]

@@ -17,7 +17,8 @@ from app.fleet.snapshot import read_snapshot
 from app.jobs.dispatch import withdraw_messages
 from app.models import JobStatus, WorkerState
 from gpu_worker.protocol.broker import TRANSCRIBE_TASK
-from tests.fleet.conftest import FLEET_REDIS_URL, L4, MakeFleet, fleet_settings
+from tests.conftest import REDIS_URL
+from tests.fleet.conftest import L4, MakeFleet, fleet_settings
 
 
 def _depth(client: redis.Redis, profile: str) -> int:
@@ -46,9 +47,9 @@ def test_a_re_routed_job_has_one_message_in_all(make_fleet: MakeFleet) -> None:
     assert _depth(client, "l4-par2") == 1
 
 
-def test_withdraw_removes_only_those_jobs_messages(fleet_redis: redis.Redis) -> None:
+def test_withdraw_removes_only_those_jobs_messages(clean_redis: redis.Redis) -> None:
     settings = fleet_settings("http://127.0.0.1:9", {}, [L4])
-    assert settings.redis_url == FLEET_REDIS_URL
+    assert settings.redis_url == REDIS_URL
     celery = make_celery(settings)
     try:
         for job_id in ("job_a", "job_b", "job_a", "job_c"):
@@ -56,16 +57,16 @@ def test_withdraw_removes_only_those_jobs_messages(fleet_redis: redis.Redis) -> 
         celery.send_task("murmur.other", args=["job_b"], queue="transcribe.q", retry=False)
     finally:
         celery.close()
-    fleet_redis.rpush("transcribe.q", b"not json")
+    clean_redis.rpush("transcribe.q", b"not json")
 
-    assert withdraw_messages(fleet_redis, "q", ["job_a", "job_b"]) == 3  # both copies of a
-    left = fleet_redis.lrange("transcribe.q", 0, -1)
+    assert withdraw_messages(clean_redis, "q", ["job_a", "job_b"]) == 3  # both copies of a
+    left = clean_redis.lrange("transcribe.q", 0, -1)
     assert len(left) == 3  # job_c, the other task naming job_b, the unreadable one
-    assert withdraw_messages(fleet_redis, "q", []) == 0
-    assert withdraw_messages(fleet_redis, "missing", ["job_c"]) == 0
+    assert withdraw_messages(clean_redis, "q", []) == 0
+    assert withdraw_messages(clean_redis, "missing", ["job_c"]) == 0
 
 
-def test_withdraw_reads_a_bounded_tail(fleet_redis: redis.Redis) -> None:
+def test_withdraw_reads_a_bounded_tail(clean_redis: redis.Redis) -> None:
     settings = fleet_settings("http://127.0.0.1:9", {}, [L4])
     celery = make_celery(settings)
     try:
@@ -76,8 +77,8 @@ def test_withdraw_reads_a_bounded_tail(fleet_redis: redis.Redis) -> None:
     finally:
         celery.close()
     # The oldest messages sit at the consuming end: found within a short scan; the newest not.
-    assert withdraw_messages(fleet_redis, "q", ["job_old", "job_new"], scan_limit=10) == 1
-    assert _depth(fleet_redis, "q") == 31
+    assert withdraw_messages(clean_redis, "q", ["job_old", "job_new"], scan_limit=10) == 1
+    assert _depth(clean_redis, "q") == 31
 
 
 def test_a_lease_lost_right_after_a_re_route_still_withdraws(make_fleet: MakeFleet) -> None:

@@ -35,7 +35,7 @@ def _left(emulator: InstanceEmulator) -> list[str]:
     return [str(s.data["state"]) for s in emulator.servers.values()]
 
 
-@pytest.mark.parametrize("fleet_db", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_ctrl_c_while_the_server_is_created_deletes_it(
     make_fleet: MakeFleet, emulator: InstanceEmulator, tmp_path: Path
 ) -> None:
@@ -59,7 +59,7 @@ def test_ctrl_c_while_the_server_is_created_deletes_it(
         assert row is not None and row.state == WorkerState.DELETED.value
 
 
-@pytest.mark.parametrize("fleet_db", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_ctrl_c_inside_create_abandons_the_server(
     make_fleet: MakeFleet, emulator: InstanceEmulator
 ) -> None:
@@ -74,7 +74,7 @@ def test_ctrl_c_inside_create_abandons_the_server(
     assert _left(emulator) == []
 
 
-@pytest.mark.parametrize("fleet_db", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_a_create_that_times_out_and_completes_late_is_found_and_deleted(
     make_fleet: MakeFleet, emulator: InstanceEmulator, tmp_path: Path
 ) -> None:
@@ -90,7 +90,7 @@ def test_a_create_that_times_out_and_completes_late_is_found_and_deleted(
     assert any("created after provisioning failed" in p for p in result.problems), report
 
 
-@pytest.mark.parametrize("fleet_db", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_a_smoke_worker_running_a_users_job_is_not_deleted(
     make_fleet: MakeFleet, emulator: InstanceEmulator, tmp_path: Path
 ) -> None:
@@ -145,7 +145,7 @@ def test_the_euro_bound_counts_whole_billing_increments() -> None:
     assert worst_case_eur([p100, l4], 3601) == pytest.approx(2 * 1.2426 + 0.75 * 3660 / 3600)
 
 
-@pytest.mark.parametrize("fleet_db", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_a_run_that_would_start_a_billed_hour_beyond_the_cap_is_refused(
     make_fleet: MakeFleet, emulator: InstanceEmulator, tmp_path: Path
 ) -> None:
@@ -157,7 +157,7 @@ def test_a_run_that_would_start_a_billed_hour_beyond_the_cap_is_refused(
     assert _left(emulator) == []
 
 
-@pytest.mark.parametrize("fleet_db", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_a_smoke_worker_is_deleted_once_the_users_job_it_took_is_done(
     make_fleet: MakeFleet, emulator: InstanceEmulator, tmp_path: Path
 ) -> None:

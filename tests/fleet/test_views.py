@@ -19,17 +19,18 @@ from app.fleet.planner import FleetPlan, ProfilePlan
 from app.fleet.reconcile import publish_plan
 from app.migrate import upgrade
 from app.models import ProfileState, Worker, WorkerState, utcnow
-from tests.fleet.conftest import FLEET_REDIS_URL, L4, P100, SIGNING_KEY
+from tests.conftest import REDIS_URL
+from tests.fleet.conftest import L4, P100, SIGNING_KEY
 
 ADMIN = "fleet-admin-token-" + "z" * 32
 
 
 @pytest.fixture()
-def app_settings(tmp_path: Path, fleet_redis: redis.Redis) -> Settings:
+def app_settings(tmp_path: Path, clean_redis: redis.Redis) -> Settings:
     return Settings.model_validate(
         {
             "database_url": f"sqlite:///{tmp_path}/murmur.db",
-            "redis_url": FLEET_REDIS_URL,
+            "redis_url": REDIS_URL,
             "storage_path": str(tmp_path / "audio"),
             "profiles": [L4, P100],
             "security_groups": {
@@ -45,7 +46,7 @@ def app_settings(tmp_path: Path, fleet_redis: redis.Redis) -> Settings:
 
 
 @pytest.fixture()
-def populated(app_settings: Settings, fleet_redis: redis.Redis) -> Iterator[Database]:
+def populated(app_settings: Settings, clean_redis: redis.Redis) -> Iterator[Database]:
     upgrade(app_settings.database_url)
     db = Database(app_settings.database_url)
     now = utcnow()
@@ -97,9 +98,9 @@ def populated(app_settings: Settings, fleet_redis: redis.Redis) -> Iterator[Data
         planned_hourly_eur=2.25,
         waiting=0,
     )
-    services: Any = type("S", (), {"redis": fleet_redis, "settings": app_settings})
+    services: Any = type("S", (), {"redis": clean_redis, "settings": app_settings})
     publish_plan(services, plan)
-    fleet_redis.rpush("transcribe.l4-par2", b"m1", b"m2")
+    clean_redis.rpush("transcribe.l4-par2", b"m1", b"m2")
     yield db
     db.dispose()
 
@@ -156,7 +157,7 @@ def test_fleet_command(
 ) -> None:
     env = {
         "MURMUR_DATABASE_URL": app_settings.database_url,
-        "MURMUR_REDIS_URL": FLEET_REDIS_URL,
+        "MURMUR_REDIS_URL": REDIS_URL,
         "MURMUR_CONFIG": str(Path(__file__).resolve().parents[2] / "config" / "local.toml"),
     }
     result = CliRunner().invoke(fleet_command, [], env=env, catch_exceptions=False)
@@ -170,12 +171,12 @@ def test_fleet_command(
 
 
 def test_fleet_overview_lists_what_an_operator_needs(
-    app_settings: Settings, populated: Database, fleet_redis: redis.Redis
+    app_settings: Settings, populated: Database, clean_redis: redis.Redis
 ) -> None:
     from app.fleet.cli import render
     from app.fleet.service import fleet_overview
 
-    view = fleet_overview(app_settings, populated, fleet_redis, datetime.now(UTC))
+    view = fleet_overview(app_settings, populated, clean_redis, datetime.now(UTC))
     text = render(view)
     assert "l4-par2" in text and "p100-par1" in text
     assert "ready=1" in text
