@@ -23,6 +23,7 @@ from app.models import JobStatus, Worker, utcnow
 from gpu_worker.bounds import Seconds
 from gpu_worker.protocol.claim import ClaimedJob
 from gpu_worker.protocol.failure import Failure
+from gpu_worker.protocol.readiness import ReadinessRuntime
 from gpu_worker.protocol.transcript import Transcript
 
 internal_bp = Blueprint("internal", __name__, url_prefix="/internal")
@@ -41,12 +42,15 @@ class _Result(BaseModel):
 
 class _Ready(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    runtime: dict[str, Any]
+    # Typed by the protocol; a newer worker's unknown fields are kept and stored.
+    runtime: ReadinessRuntime
 
     @field_validator("runtime")
     @classmethod
-    def _storable(cls, runtime: dict[str, Any]) -> dict[str, Any]:
-        problem = json_problem(runtime, max_depth=4)
+    def _storable(cls, runtime: ReadinessRuntime) -> ReadinessRuntime:
+        # What is stored (its unknown fields included) stays within the limits of any JSON
+        # we keep: no NUL or lone surrogate, finite numbers, at most 4 levels deep.
+        problem = json_problem(runtime.to_json(), max_depth=4)
         if problem is not None:
             raise ValueError(problem)
         return runtime

@@ -32,6 +32,7 @@ from app.fleet.reconcile import ReconcileReport, reconcile
 from app.fleet.services import FleetServices
 from app.migrate import upgrade
 from app.models import Job, JobStatus, ProfileState, Worker, WorkerState
+from gpu_worker.protocol.readiness import ReadinessRuntime
 from tests.fleet.emulator import InstanceEmulator
 
 FLEET_REDIS_URL = os.environ.get("MURMUR_FLEET_TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
@@ -274,7 +275,7 @@ class Fleet:
             row = s.get(Worker, worker_id)
             assert row is not None
             profile = self.svc.settings.profile(row.profile)
-            runtime = runtime_for(profile, **override)
+            runtime = ReadinessRuntime.model_validate(runtime_for(profile, **override))
             problems = readiness.runtime_mismatches(profile, runtime)
             if problems:
                 readiness.reject(s, row, problems, self.clock())
