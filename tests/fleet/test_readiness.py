@@ -10,6 +10,7 @@ import pytest
 from app.config import LOCAL_CPU_PROFILE, Profile
 from app.db import Database
 from app.fleet import readiness
+from app.fleet.smoke import _runtime_problems
 from app.models import Worker, WorkerState
 from gpu_worker.protocol.readiness import ReadinessRuntime
 from tests.fleet.conftest import L4, P100, runtime_for
@@ -188,3 +189,14 @@ def test_reject_fails_the_worker_with_its_reasons(sqlite_db: Database) -> None:
         assert row.state == WorkerState.FAILED.value
         assert row.error == "runtime rejected: " + problems[0]
         assert row.delete_reason == "runtime rejected" and row.ready_at is None
+
+
+def test_smoke_reads_a_stored_runtime_through_the_model() -> None:
+    # app/fleet/smoke.py checks the row after the run: the same comparison as the endpoint's,
+    # and a row that no longer parses is a problem it reports, not a crash.
+    assert _runtime_problems(L4_PROFILE, runtime_for(L4_PROFILE)) == []
+    assert _runtime_problems(L4_PROFILE, runtime_for(L4_PROFILE, vad="silero")) == [
+        "vad: worker runs 'silero', profile l4-par2 requires 'pyannote'"
+    ]
+    (problem,) = _runtime_problems(L4_PROFILE, runtime_for(L4_PROFILE, batch_size="16"))
+    assert problem.startswith("the worker's stored runtime does not parse")
