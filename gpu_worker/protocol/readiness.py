@@ -8,8 +8,9 @@ and sends `to_json()`; the control plane parses the body's `runtime` with the sa
 
 Invariants:
 - Every field the worker sends is typed and strict: a wrong type (`"16"` for a batch size, a
-  number for a model name, a capability that is not `[major, minor]`) is a malformed body,
-  refused with `400 invalid_body` like any other, and the worker is not marked ready.
+  number for a model name, a capability none of `parse_capability`'s forms reads) is a
+  malformed body, refused with `400 invalid_body` like any other, and the worker is not
+  marked ready. A capability is stored as `[major, minor]`, whichever form it came in.
 - A well-typed value outside what this control plane knows still parses. `compute_type`,
   `vad`, `alignment_device` and `device` are plain strings, not the closed sets of
   gpu_worker/protocol/runtime.py: the control plane compares them with the profile, whose
