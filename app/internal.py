@@ -41,11 +41,15 @@ class _Result(BaseModel):
 
 class _Ready(BaseModel):
     model_config = ConfigDict(extra="forbid")
+    # Typed afterwards by the protocol's model (readiness.read_runtime): a runtime of the
+    # wrong shape is the worker's mismatch (409, the worker failed with why), not a bad body.
     runtime: dict[str, Any]
 
     @field_validator("runtime")
     @classmethod
     def _storable(cls, runtime: dict[str, Any]) -> dict[str, Any]:
+        # What is stored (its unknown fields included) stays within the limits of any JSON
+        # we keep: no NUL or lone surrogate, finite numbers, at most 4 levels deep.
         problem = json_problem(runtime, max_depth=4)
         if problem is not None:
             raise ValueError(problem)
@@ -74,14 +78,18 @@ def worker_ready(worker_id: str, instance_id: str) -> Response:
         raise ApiError(
             409, "runtime_mismatch", "the worker's profile is no longer configured"
         ) from None
-    problems = readiness.runtime_mismatches(profile, body.runtime)
+    runtime = readiness.read_runtime(body.runtime)
+    if isinstance(runtime, list):
+        problems = runtime
+    else:
+        problems = readiness.runtime_mismatches(profile, runtime)
     with svc.db.session() as s:
         row = s.get(Worker, worker.id)
         assert row is not None
-        if problems:
+        if problems or isinstance(runtime, list):
             readiness.reject(s, row, problems, svc.clock())
         else:
-            readiness.mark_ready(s, row, body.runtime, svc.clock())
+            readiness.mark_ready(s, row, runtime, svc.clock())
     if problems:
         raise ApiError(409, "runtime_mismatch", "; ".join(problems))
     return jsonify({"accepted": True})

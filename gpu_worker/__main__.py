@@ -59,7 +59,7 @@ def _check() -> int:
         print(json.dumps({"ok": False, "problems": str(exc).splitlines(), **diagnostics}, indent=2))
         print(f"this machine cannot run the runtime:\n{exc}", file=sys.stderr)
         return EXIT_CANNOT_RUN
-    print(json.dumps({"ok": True, "problems": [], **preflight.runtime()}, indent=2))
+    print(json.dumps({"ok": True, "problems": [], **preflight.runtime().to_json()}, indent=2))
     return EXIT_OK
 
 

@@ -20,6 +20,7 @@ from pydantic import SecretStr, ValidationError
 
 from gpu_worker.protocol.claim import ClaimedJob
 from gpu_worker.protocol.failure import MAX_FAILURE_MESSAGE
+from gpu_worker.protocol.readiness import ReadinessRuntime
 
 log = logging.getLogger(__name__)
 # urllib3 logs every request line, query string (audio signature) included, at DEBUG.
@@ -97,10 +98,10 @@ class ControlPlaneClient:
         self._backoff = backoff_seconds
         self._sleep = sleep
 
-    def ready(self, runtime: Mapping[str, Any]) -> None:
+    def ready(self, runtime: ReadinessRuntime) -> None:
         """Report readiness; raises RuntimeMismatch when the control plane refuses it."""
         try:
-            self._post("/ready", {"runtime": dict(runtime)}, retry=True)
+            self._post("/ready", {"runtime": runtime.to_json()}, retry=True)
         except ControlPlaneError as exc:
             if exc.status == 409:
                 raise RuntimeMismatch(str(exc), status=409, code=exc.code) from None

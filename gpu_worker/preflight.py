@@ -1,7 +1,8 @@
 """The start-up checks, in order: runtime profile, backend packages, hardware, model files.
 
 `run_preflight` is what `python -m gpu_worker check` prints and what `run` requires to pass
-before it loads anything. Its `runtime()` is the readiness body's `runtime`.
+before it loads anything. Its `runtime()` builds the readiness body's `runtime`
+(gpu_worker/protocol/readiness.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from gpu_worker.manifest import (
     load_manifest,
     verify_asset,
 )
+from gpu_worker.protocol.readiness import AssetReport, ReadinessRuntime
 from gpu_worker.runtime import RuntimeProfile, RuntimeProfileError, load_runtime_profile
 from gpu_worker.transcriber import (
     Backend,
@@ -59,18 +61,32 @@ class Preflight:
     alignment: VerifiedAsset | None
     hardware: HardwareVerdict
 
-    def runtime(self) -> dict[str, Any]:
-        """The readiness runtime (docs/worker-protocol.md), plus diagnostics; no secrets."""
-        return {
+    def runtime(
+        self, *, model_load_seconds: float | None = None, image_pull_seconds: float | None = None
+    ) -> ReadinessRuntime:
+        """The readiness runtime (docs/worker-protocol.md), plus diagnostics; no secrets.
+
+        A timing left None is not sent at all (an unmeasured pull is no measurement).
+        """
+        timings: dict[str, Any] = {
+            name: value
+            for name, value in (
+                ("model_load_seconds", model_load_seconds),
+                ("image_pull_seconds", image_pull_seconds),
+            )
+            if value is not None
+        }
+        return ReadinessRuntime(
             **_declared(self.profile, self.hardware),
-            "backend": self.backend,
-            "cpu_threads": self.profile.cpu_threads,
-            "assets": {
-                asset.name: {"root": str(asset.root), "bytes": asset.bytes_verified}
+            backend=self.backend,
+            cpu_threads=self.profile.cpu_threads,
+            assets={
+                asset.name: AssetReport(root=str(asset.root), bytes=asset.bytes_verified)
                 for asset in (self.model, self.vad, self.alignment)
                 if asset is not None
             },
-        }
+            **timings,
+        )
 
 
 def run_preflight(
@@ -146,6 +162,7 @@ def installed_versions() -> dict[str, str]:
 
 
 def _declared(profile: RuntimeProfile, hardware: HardwareVerdict) -> dict[str, Any]:
+    """The runtime's declared fields, named as `ReadinessRuntime` names them."""
     gpu = profile.device == "cuda"
     return {
         "profile": profile.profile,

@@ -137,10 +137,10 @@ def _serve(
     client = ControlPlaneClient(
         identity.control_url, identity.worker_id, identity.instance_id, identity.token
     )
-    runtime = {**preflight.runtime(), "model_load_seconds": round(load_seconds, 3)}
-    pulled = image_pull_seconds(os.environ)
-    if pulled is not None:  # a lifecycle timing the control plane exports per profile
-        runtime["image_pull_seconds"] = pulled
+    # The pull is a lifecycle timing the control plane exports per profile; None: not pulled.
+    runtime = preflight.runtime(
+        model_load_seconds=round(load_seconds, 3), image_pull_seconds=image_pull_seconds(os.environ)
+    )
     try:
         client.ready(runtime)
     except RuntimeMismatch as exc:

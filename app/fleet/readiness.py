@@ -1,16 +1,19 @@
 """Readiness: compare the runtime a worker reports with its profile, then accept or reject it.
 
-`runtime_mismatches` is pure; `mark_ready` and `reject` only change the worker row inside the
-caller's session. A rejected worker is left FAILED with the reasons in `error`; the next
-reconcile counts it as a failed boot of its profile (app.fleet.planner.Death.RUNTIME_REJECTED),
-deletes its instance and records why.
+`read_runtime` and `runtime_mismatches` are pure; `mark_ready` and `reject` only change the
+worker row inside the caller's session. A runtime that does not parse is rejected like one
+that differs. A rejected worker is left FAILED with the reasons in `error`; the next reconcile
+counts it as a failed boot of its profile (app.fleet.planner.Death.RUNTIME_REJECTED), deletes
+its instance and records why.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy import func, update
 
 from app.config import Profile
@@ -18,6 +21,7 @@ from app.fleet.catalog import SERVER_TYPES
 from app.fleet.planner import Death
 from app.models import ProfileState, Worker, WorkerState
 from app.transitions import move_worker
+from gpu_worker.protocol.readiness import ReadinessRuntime
 from gpu_worker.protocol.runtime import supported_compute_types
 
 # The runtime fields that must equal the profile's (docs/worker-protocol.md, "Runtime").
@@ -25,53 +29,51 @@ COMPARED_FIELDS = ("model", "compute_type", "vad", "alignment_device", "batch_si
 _READYABLE = (WorkerState.REQUESTED.value, WorkerState.CREATING.value, WorkerState.BOOTING.value)
 
 
-def parse_capability(value: Any) -> tuple[int, int] | None:
-    """A CUDA capability from `[8, 9]`, `"8.9"`, `8.9` or `{"major": 8, "minor": 9}`; else None."""
+def read_runtime(reported: Mapping[str, Any]) -> ReadinessRuntime | list[str]:
+    """The reported runtime through the protocol's model, or why it does not parse: one
+    reason per field, naming the field and what was sent (a wrong type is a runtime this
+    control plane cannot accept, answered as any other mismatch)."""
     try:
-        if isinstance(value, dict):
-            return int(value["major"]), int(value["minor"])
-        if isinstance(value, list | tuple) and len(value) == 2:
-            return int(value[0]), int(value[1])
-        if isinstance(value, str | float) and not isinstance(value, bool):
-            major, _, minor = str(value).partition(".")
-            return int(major), int(minor or 0)
-    except (KeyError, TypeError, ValueError):
-        return None
-    return None
+        return ReadinessRuntime.model_validate(dict(reported))
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            where = ".".join(str(part) for part in error["loc"]) or "runtime"
+            sent = repr(error.get("input"))
+            sent = sent if len(sent) <= 60 else sent[:57] + "..."
+            problems.append(f"{where}: worker sent {sent}: {error['msg']}")
+        return problems
 
 
-def runtime_mismatches(profile: Profile, runtime: dict[str, Any]) -> list[str]:
-    """Every way the reported runtime differs from what the profile requires (empty = ready)."""
+def runtime_mismatches(profile: Profile, runtime: ReadinessRuntime) -> list[str]:
+    """Every way the reported runtime differs from what the profile requires (empty = ready).
+
+    The body already parsed (gpu_worker/protocol/readiness.py), so every value has its type;
+    a value this side does not know (a newer compute type) is simply not the profile's.
+    """
     problems: list[str] = []
     for name in COMPARED_FIELDS:
         expected = getattr(profile, name)
-        if name not in runtime or runtime[name] is None:
+        got = getattr(runtime, name)
+        if got is None:
             problems.append(f"{name}: not reported (profile {profile.name} requires {expected!r})")
-            continue
-        got = runtime[name]
-        same = (
-            isinstance(got, int) and not isinstance(got, bool) and got == expected
-            if name == "batch_size"
-            else got == expected
-        )
-        if not same:
+        elif got != expected:
             problems.append(
                 f"{name}: worker runs {got!r}, profile {profile.name} requires {expected!r}"
             )
-    reported_profile = runtime.get("profile")
-    if reported_profile is not None and reported_profile != profile.name:
-        problems.append(f"profile: worker runs {reported_profile!r}, expected {profile.name!r}")
+    if runtime.profile is not None and runtime.profile != profile.name:
+        problems.append(f"profile: worker runs {runtime.profile!r}, expected {profile.name!r}")
 
     stype = SERVER_TYPES.get(profile.server_type)
     wants_gpu = stype is not None and stype.gpu is not None
-    device = runtime.get("device")
+    device = runtime.device
     if device is not None and device != ("cuda" if wants_gpu else "cpu"):
         problems.append(
             f"device: worker runs on {device!r}, profile {profile.name} runs on "
             f"{'a GPU (cuda)' if wants_gpu else 'the CPU'}"
         )
     if wants_gpu:
-        capability = parse_capability(runtime.get("cuda_capability"))
+        capability = runtime.cuda_capability
         if capability is None:
             problems.append(
                 f"cuda_capability: not reported; profile {profile.name} needs a GPU "
@@ -88,13 +90,15 @@ def runtime_mismatches(profile: Profile, runtime: dict[str, Any]) -> list[str]:
     return problems
 
 
-def mark_ready(session: Any, worker: Worker, runtime: dict[str, Any], now: datetime) -> None:
+def mark_ready(session: Any, worker: Worker, runtime: ReadinessRuntime, now: datetime) -> None:
     """Accept the worker: READY, consuming its queue from now on, idle until its first claim.
+
+    The row keeps the runtime as the worker sent it (`to_json()`: its fields, unknown ones too).
 
     Idempotent: a worker that repeats its report keeps its first `ready_at`. A worker that is
     already draining or being deleted is left alone.
     """
-    worker.runtime = runtime
+    worker.runtime = runtime.to_json()
     worker.last_seen_at = now
     if worker.state in _READYABLE:
         move_worker(session, worker.id, _READYABLE, WorkerState.READY, error=None)

@@ -27,6 +27,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy import or_
 
 from app.celery_config import make_celery
@@ -42,6 +43,7 @@ from app.jobs.dispatch import send_dispatched
 from app.models import LIVE_WORKER_STATES, Job, JobStatus, Worker, WorkerState, new_id
 from app.services import Services, build_services
 from app.transitions import move_job, move_worker
+from gpu_worker.protocol.readiness import ReadinessRuntime
 
 log = logging.getLogger("murmur.fleet.smoke")
 
@@ -338,6 +340,15 @@ def _cancel(svc: Services, job_id: str) -> None:
         )
 
 
+def _runtime_problems(profile: Profile, stored: dict[str, Any]) -> list[str]:
+    """The stored runtime against the profile; a row that no longer parses says so."""
+    try:
+        runtime = ReadinessRuntime.model_validate(stored)
+    except ValidationError as exc:
+        return [f"the worker's stored runtime does not parse: {exc.errors()[0]['msg']}"]
+    return readiness.runtime_mismatches(profile, runtime)
+
+
 def _read_back(svc: Services, result: SmokeResult) -> None:
     """Timings, runtime check and cost from the rows; what the provider still has of it."""
     profile = result.profile
@@ -368,7 +379,7 @@ def _read_back(svc: Services, result: SmokeResult) -> None:
             profile.hourly_cost_eur * billed_seconds(profile.server_type, seconds) / 3600
         )
     if runtime is not None:
-        result.problems += readiness.runtime_mismatches(profile, runtime)
+        result.problems += _runtime_problems(profile, runtime)
     elif result.transcript is not None:
         result.problems.append("the worker never reported its runtime")
     provider = svc.providers[profile.provider]

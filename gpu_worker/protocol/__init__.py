@@ -3,7 +3,7 @@
 Everything two processes must agree on lives here and only here: the Celery task and queue
 names, the job a claim returns, the transcript or failure a worker posts, the usage report
 and its closed set of missing-reading reasons, the log caps and redaction, report timing, the
-runtime settings a profile names and the CTranslate2 compute-type rule.
+runtime settings a profile names and the CTranslate2 compute-type rule, the readiness report.
 docs/worker-protocol.md and docs/observability.md describe the same contract in prose.
 
 Invariants:
@@ -16,5 +16,6 @@ Invariants:
   (the claimed job, the default audio limit); `transcript` (the result body); `failure`
   (failure codes and body); `usage` (the usage report, log caps, report timing);
   `redaction` (what a log line may carry); `runtime` (the settings a worker runs with and
-  reports at readiness, compute types per device, drain timeout, exit status).
+  reports at readiness, compute types per device, drain timeout, exit status); `readiness`
+  (the runtime report a worker posts once its model is loaded).
 """

@@ -29,6 +29,7 @@ from app.fleet.providers.scaleway import ScalewayProvider
 from app.fleet.reconcile import ReconcileReport, reconcile
 from app.models import Job, JobStatus, ProfileState, Worker, WorkerState
 from app.services import Services, build_services
+from gpu_worker.protocol.readiness import ReadinessRuntime
 from tests.conftest import REDIS_URL, FakeClock
 from tests.fleet.emulator import InstanceEmulator
 
@@ -189,7 +190,7 @@ class Fleet:
             row = s.get(Worker, worker_id)
             assert row is not None
             profile = self.svc.settings.profile(row.profile)
-            runtime = runtime_for(profile, **override)
+            runtime = ReadinessRuntime.model_validate(runtime_for(profile, **override))
             problems = readiness.runtime_mismatches(profile, runtime)
             if problems:
                 readiness.reject(s, row, problems, self.clock())

@@ -10,7 +10,9 @@ import pytest
 from app.config import LOCAL_CPU_PROFILE, Profile
 from app.db import Database
 from app.fleet import readiness
+from app.fleet.smoke import _runtime_problems
 from app.models import Worker, WorkerState
+from gpu_worker.protocol.readiness import ReadinessRuntime
 from tests.fleet.conftest import L4, P100, runtime_for
 
 L4_PROFILE = Profile.model_validate(L4)
@@ -18,9 +20,18 @@ P100_PROFILE = Profile.model_validate(P100)
 NOW = datetime(2026, 3, 1, 10, 0, tzinfo=UTC)
 
 
+def reported(profile: Profile, /, **override: Any) -> ReadinessRuntime:
+    """The runtime as the endpoint hands it on: the wire body, parsed by the protocol's model."""
+    return ReadinessRuntime.model_validate(runtime_for(profile, **override))
+
+
+def mismatches(profile: Profile, /, **override: Any) -> list[str]:
+    return readiness.runtime_mismatches(profile, reported(profile, **override))
+
+
 @pytest.mark.parametrize("profile", [L4_PROFILE, P100_PROFILE, LOCAL_CPU_PROFILE])
 def test_a_matching_runtime_is_accepted(profile: Profile) -> None:
-    assert readiness.runtime_mismatches(profile, runtime_for(profile)) == []
+    assert mismatches(profile) == []
 
 
 MISMATCHES: list[tuple[str, dict[str, Any], list[str]]] = [
@@ -50,9 +61,20 @@ MISMATCHES: list[tuple[str, dict[str, Any], list[str]]] = [
         ["batch_size: worker runs 8, profile l4-par2 requires 16"],
     ),
     (
-        "batch size as text",
-        {"batch_size": "16"},
-        ["batch_size: worker runs '16', profile l4-par2 requires 16"],
+        # A newer worker's compute type or VAD parses (no closed set on the wire) and is named.
+        "unknown compute type",
+        {"compute_type": "int4"},
+        ["compute_type: worker runs 'int4', profile l4-par2 requires 'float16'"],
+    ),
+    (
+        "unknown vad",
+        {"vad": "webrtc"},
+        ["vad: worker runs 'webrtc', profile l4-par2 requires 'pyannote'"],
+    ),
+    (
+        "unknown device",
+        {"device": "rocm"},
+        ["device: worker runs on 'rocm', profile l4-par2 runs on a GPU (cuda)"],
     ),
     (
         "missing field",
@@ -96,17 +118,12 @@ MISMATCHES: list[tuple[str, dict[str, Any], list[str]]] = [
     ("override", "expected"), [m[1:] for m in MISMATCHES], ids=[m[0] for m in MISMATCHES]
 )
 def test_each_mismatch_is_named(override: dict[str, Any], expected: list[str]) -> None:
-    assert readiness.runtime_mismatches(L4_PROFILE, runtime_for(L4_PROFILE, **override)) == (
-        expected
-    )
+    assert mismatches(L4_PROFILE, **override) == expected
 
 
 def test_float32_on_a_p100_is_fine_and_float16_newer_gpu_too() -> None:
-    assert readiness.runtime_mismatches(P100_PROFILE, runtime_for(P100_PROFILE)) == []
-    assert (
-        readiness.runtime_mismatches(L4_PROFILE, runtime_for(L4_PROFILE, cuda_capability=[9, 0]))
-        == []
-    )
+    assert mismatches(P100_PROFILE) == []
+    assert mismatches(L4_PROFILE, cuda_capability=[9, 0]) == []
 
 
 def _worker(db: Database, state: str = WorkerState.BOOTING.value) -> str:
@@ -127,7 +144,9 @@ def _worker(db: Database, state: str = WorkerState.BOOTING.value) -> str:
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_mark_ready_records_the_runtime_once(db: Database) -> None:
     wid = _worker(db)
-    runtime = runtime_for(L4_PROFILE)
+    # Fields this control plane does not know are kept: the row holds what the worker sent.
+    sent = runtime_for(L4_PROFILE, gpu_driver={"version": "570.1"}, model_load_seconds=2.5)
+    runtime = ReadinessRuntime.model_validate(sent)
     with db.session() as s:
         row = s.get(Worker, wid)
         assert row is not None
@@ -140,7 +159,7 @@ def test_mark_ready_records_the_runtime_once(db: Database) -> None:
         row = s.get(Worker, wid)
         assert row is not None
         assert row.state == WorkerState.READY.value
-        assert row.runtime == runtime
+        assert row.runtime == sent
         assert row.ready_at is not None and row.ready_at.replace(tzinfo=UTC) == NOW
         assert row.idle_since is not None and row.idle_since.replace(tzinfo=UTC) == NOW
         assert row.last_seen_at is not None
@@ -153,7 +172,7 @@ def test_mark_ready_leaves_a_worker_being_deleted_alone(db: Database) -> None:
     with db.session() as s:
         row = s.get(Worker, wid)
         assert row is not None
-        readiness.mark_ready(s, row, runtime_for(L4_PROFILE), NOW)
+        readiness.mark_ready(s, row, reported(L4_PROFILE), NOW)
     with db.session() as s:
         row = s.get(Worker, wid)
         assert row is not None and row.state == WorkerState.DELETING.value and row.ready_at is None
@@ -173,3 +192,14 @@ def test_reject_fails_the_worker_with_its_reasons(db: Database) -> None:
         assert row.state == WorkerState.FAILED.value
         assert row.error == "runtime rejected: " + problems[0]
         assert row.delete_reason == "runtime rejected" and row.ready_at is None
+
+
+def test_smoke_reads_a_stored_runtime_through_the_model() -> None:
+    # app/fleet/smoke.py checks the row after the run: the same comparison as the endpoint's,
+    # and a row that no longer parses is a problem it reports, not a crash.
+    assert _runtime_problems(L4_PROFILE, runtime_for(L4_PROFILE)) == []
+    assert _runtime_problems(L4_PROFILE, runtime_for(L4_PROFILE, vad="silero")) == [
+        "vad: worker runs 'silero', profile l4-par2 requires 'pyannote'"
+    ]
+    (problem,) = _runtime_problems(L4_PROFILE, runtime_for(L4_PROFILE, batch_size="16"))
+    assert problem.startswith("the worker's stored runtime does not parse")

@@ -16,6 +16,7 @@ from gpu_worker.client import (
     RuntimeMismatch,
     redact_url,
 )
+from gpu_worker.protocol.readiness import ReadinessRuntime
 
 TOKEN = "ab" * 32
 
@@ -33,7 +34,7 @@ def client_for(plane, *, sleeps=None, token=TOKEN, attempts=4):
 
 
 def test_ready_posts_the_runtime_with_the_bearer_token(control_plane):
-    client_for(control_plane).ready({"model": "tiny.en"})
+    client_for(control_plane).ready(ReadinessRuntime(model="tiny.en"))
 
     method, path, headers = control_plane.requests[-1]
     assert (method, path) == ("POST", "/internal/workers/wrk_test1/local-0001/ready")
@@ -45,7 +46,7 @@ def test_runtime_mismatch_is_its_own_error(control_plane):
     control_plane.ready_status = 409
 
     with pytest.raises(RuntimeMismatch, match="409 runtime_mismatch: compute_type"):
-        client_for(control_plane).ready({})
+        client_for(control_plane).ready(ReadinessRuntime())
 
 
 def test_claim_returns_the_job_then_none_when_not_claimable(control_plane):
