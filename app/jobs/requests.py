@@ -180,8 +180,15 @@ def _webhook_url(value: Any, info: ValidationInfo) -> Any:
 
 # -- field types ------------------------------------------------------------------------------
 
+# Documented as the lower-case codes; the check also takes them in any case ("EN").
 Language = Annotated[
-    str | None, Field(validate_default=True, examples=["en"]), BeforeValidator(_language)
+    str | None,
+    Field(
+        validate_default=True,
+        examples=["en"],
+        json_schema_extra={"enum": sorted(WHISPER_LANGUAGES)},
+    ),
+    BeforeValidator(_language),
 ]
 Prompt = Annotated[
     Annotated[str, StringConstraints(max_length=PROMPT_CHARS)] | None,
