@@ -240,8 +240,9 @@ class _Request(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _known_names_only(cls, data: Any) -> Any:
-        if cls.model_config.get("extra") == "forbid":
-            refuse_unknown(cls, data)
+        """Unknown names are refused before any field is checked, all of them named (pydantic
+        would report them after the fields, one by one)."""
+        refuse_unknown(cls, data)
         return data
 
 
