@@ -44,6 +44,18 @@ STATUS: dict[str, int] = {
     "job_not_finished": 409,
     "invalid_cursor": 400,
     "idempotency_key_reused": 422,
+    # app/jobs/requests.py: a public request's fields
+    "unknown_field": 400,
+    "invalid_parameter": 400,
+    "invalid_text": 400,
+    "missing_url": 400,
+    "invalid_language": 400,
+    "unsupported_language": 400,
+    "webhooks_disabled": 400,
+    "invalid_status": 400,
+    "invalid_limit": 400,
+    "invalid_format": 400,
+    "invalid_response_format": 400,
     # app/jobs/fetch.py: fetching a URL job's audio
     "url_fetch_failed": 422,
     "url_too_large": 413,

@@ -1,13 +1,124 @@
-"""The OpenAPI 3 description of Murmur's public API (served at /openapi.json)."""
+"""The OpenAPI 3.0.3 description of Murmur's public API (served at /openapi.json).
+
+Invariant: every request body and query parameter of the jobs API is generated from the
+pydantic model that validates it (app/jobs/requests.py, named in `QUERY_MODELS` and
+`BODY_MODELS`), so the document cannot describe inputs the API does not take, nor miss one
+it does; tests/test_openapi_models.py holds the two together. The responses are written here.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from app.jobs.formats import FORMATS
+from pydantic import BaseModel
+
+from app.jobs.requests import (
+    UPLOAD_PART,
+    CancelQuery,
+    JobListQuery,
+    OpenAITranscriptionForm,
+    TranscriptQuery,
+    UploadForm,
+    UrlJob,
+)
 from app.models import JobStatus
 
 _ERROR = {"$ref": "#/components/responses/Error"}
+_MULTIPART = "multipart/form-data"
+# The models of each operation's query parameters, and of its request body by media type.
+QUERY_MODELS: dict[tuple[str, str], type[BaseModel]] = {
+    ("/v1/jobs", "get"): JobListQuery,
+    ("/v1/jobs/{job_id}", "delete"): CancelQuery,
+    ("/v1/jobs/{job_id}/transcript", "get"): TranscriptQuery,
+}
+BODY_MODELS: dict[tuple[str, str, str], type[BaseModel]] = {
+    ("/v1/jobs", "post", _MULTIPART): UploadForm,
+    ("/v1/jobs", "post", "application/json"): UrlJob,
+    ("/v1/audio/transcriptions", "post", _MULTIPART): OpenAITranscriptionForm,
+}
+
+
+def openapi_schema(schema: Mapping[str, Any], defs: Mapping[str, Any]) -> dict[str, Any]:
+    """A pydantic (JSON Schema 2020-12) schema as an OpenAPI 3.0.3 schema object.
+
+    References are inlined from `defs`, an optional value is documented as its non-null
+    type (a null is never a meaningful form or query value), `examples` becomes `example`,
+    `const` an `enum`, and pydantic's generated titles and null defaults are dropped.
+    """
+    out = dict(schema)
+    ref = out.pop("$ref", None)
+    if ref is not None:
+        return openapi_schema({**defs[ref.rsplit("/", 1)[-1]], **out}, defs)
+    variants = out.pop("anyOf", None)
+    if variants is not None:
+        kept = [variant for variant in variants if variant != {"type": "null"}]
+        if len(kept) != 1:
+            raise ValueError(f"no OpenAPI 3.0 form for the union {variants}")
+        return openapi_schema({**kept[0], **out}, defs)
+    out.pop("title", None)
+    if "default" in out and out["default"] is None:
+        del out["default"]
+    if "examples" in out:
+        out["example"] = out.pop("examples")[0]
+    if "const" in out:
+        out["enum"] = [out.pop("const")]
+    if "items" in out:
+        out["items"] = openapi_schema(out["items"], defs)
+    return out
+
+
+def _fields(model: type[BaseModel]) -> tuple[dict[str, Any], list[str], bool]:
+    """(OpenAPI schema of each field by its public name, required names, extras forbidden)."""
+    schema = model.model_json_schema()
+    defs = schema.get("$defs", {})
+    properties = {name: openapi_schema(field, defs) for name, field in schema["properties"].items()}
+    closed = schema.get("additionalProperties") is False
+    return properties, list(schema.get("required", [])), closed
+
+
+def body_schema(model: type[BaseModel], media_type: str) -> dict[str, Any]:
+    """The request body schema of `model`; a multipart form also carries the audio part."""
+    properties, required, closed = _fields(model)
+    if media_type == _MULTIPART:
+        properties = {UPLOAD_PART: {"type": "string", "format": "binary"}, **properties}
+        required = [UPLOAD_PART, *required]
+    schema: dict[str, Any] = {"type": "object"}
+    if required:
+        schema["required"] = required
+    if closed:
+        schema["additionalProperties"] = False
+    schema["properties"] = properties
+    return schema
+
+
+def query_parameters(model: type[BaseModel]) -> list[dict[str, Any]]:
+    """One OpenAPI query parameter per field of `model`, its description beside its schema."""
+    properties, required, _ = _fields(model)
+    parameters = []
+    for name, schema in properties.items():
+        parameter: dict[str, Any] = {"name": name, "in": "query"}
+        if name in required:
+            parameter["required"] = True
+        description = schema.pop("description", None)
+        if description is not None:
+            parameter["description"] = description
+        parameter["schema"] = schema
+        parameters.append(parameter)
+    return parameters
+
+
+def _query(path: str, method: str) -> list[dict[str, Any]]:
+    return query_parameters(QUERY_MODELS[(path, method)])
+
+
+def _body(path: str, method: str) -> dict[str, Any]:
+    content = {
+        media_type: {"schema": body_schema(model, media_type)}
+        for (at, verb, media_type), model in BODY_MODELS.items()
+        if (at, verb) == (path, method)
+    }
+    return {"required": True, "content": content}
 
 
 def _op(summary: str, responses: dict[str, Any], **extra: Any) -> dict[str, Any]:
@@ -28,13 +139,6 @@ def openapi_document() -> dict[str, Any]:
         "in": "header",
         "description": "Replays the job it created; a different request with it is a 422",
         "schema": {"type": "string", "minLength": 1, "maxLength": 255},
-    }
-    upload_props = {
-        "file": {"type": "string", "format": "binary"},
-        "language": {"type": "string", "example": "en"},
-        "prompt": {"type": "string"},
-        "word_timestamps": {"type": "boolean"},
-        "webhook_url": {"type": "string", "format": "uri"},
     }
     readiness = {
         "application/json": {
@@ -84,29 +188,7 @@ def openapi_document() -> dict[str, Any]:
                         "503": _ERROR,
                     },
                     parameters=[idempotency_key],
-                    requestBody={
-                        "required": True,
-                        "content": {
-                            "multipart/form-data": {
-                                "schema": {
-                                    "type": "object",
-                                    "required": ["file"],
-                                    "properties": upload_props,
-                                }
-                            },
-                            "application/json": {
-                                "schema": {
-                                    "type": "object",
-                                    "required": ["url"],
-                                    "additionalProperties": False,
-                                    "properties": {
-                                        **{k: v for k, v in upload_props.items() if k != "file"},
-                                        "url": {"type": "string", "format": "uri"},
-                                    },
-                                }
-                            },
-                        },
-                    },
+                    requestBody=_body("/v1/jobs", "post"),
                 ),
                 "get": _op(
                     "List your jobs, newest first",
@@ -130,24 +212,7 @@ def openapi_document() -> dict[str, Any]:
                         "400": _ERROR,
                         "401": _ERROR,
                     },
-                    parameters=[
-                        {
-                            "name": "status",
-                            "in": "query",
-                            "schema": {"type": "string", "enum": [s.value for s in JobStatus]},
-                        },
-                        {
-                            "name": "limit",
-                            "in": "query",
-                            "schema": {
-                                "type": "integer",
-                                "minimum": 1,
-                                "maximum": 100,
-                                "default": 20,
-                            },
-                        },
-                        {"name": "cursor", "in": "query", "schema": {"type": "string"}},
-                    ],
+                    parameters=_query("/v1/jobs", "get"),
                 ),
             },
             "/v1/jobs/{job_id}": {
@@ -171,25 +236,11 @@ def openapi_document() -> dict[str, Any]:
                         "404": _ERROR,
                         "409": _ERROR,
                     },
-                    parameters=[
-                        {
-                            "name": "purge",
-                            "in": "query",
-                            "schema": {"type": "boolean", "default": False},
-                            "description": "Remove an ended job for good (afterwards: 404)",
-                        }
-                    ],
+                    parameters=_query("/v1/jobs/{job_id}", "delete"),
                 ),
             },
             "/v1/jobs/{job_id}/transcript": {
-                "parameters": [
-                    _job_id(),
-                    {
-                        "name": "format",
-                        "in": "query",
-                        "schema": {"type": "string", "enum": list(FORMATS), "default": "json"},
-                    },
-                ],
+                "parameters": [_job_id(), *_query("/v1/jobs/{job_id}/transcript", "get")],
                 "get": _op(
                     "Download the transcript",
                     {
@@ -234,34 +285,7 @@ def openapi_document() -> dict[str, Any]:
                         "504": _ERROR,
                     },
                     parameters=[idempotency_key],
-                    requestBody={
-                        "required": True,
-                        "content": {
-                            "multipart/form-data": {
-                                "schema": {
-                                    "type": "object",
-                                    "required": ["file"],
-                                    "properties": {
-                                        "file": {"type": "string", "format": "binary"},
-                                        "model": {"type": "string"},
-                                        "language": {"type": "string"},
-                                        "prompt": {"type": "string"},
-                                        "response_format": {
-                                            "type": "string",
-                                            "enum": ["json", "text", "srt", "vtt", "verbose_json"],
-                                        },
-                                        "timestamp_granularities[]": {
-                                            "type": "array",
-                                            "items": {
-                                                "type": "string",
-                                                "enum": ["word", "segment"],
-                                            },
-                                        },
-                                    },
-                                }
-                            }
-                        },
-                    },
+                    requestBody=_body("/v1/audio/transcriptions", "post"),
                 ),
             },
             "/healthz": {

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import Any, Literal, get_args
 
 from gpu_worker.bounds import MAX_SECONDS, finite_or_none
 
-FORMATS = ("json", "verbose_json", "txt", "text", "srt", "vtt")
+TranscriptFormat = Literal["json", "verbose_json", "txt", "text", "srt", "vtt"]
+FORMATS: tuple[str, ...] = get_args(TranscriptFormat)
 
 MEDIA_TYPES = {
     "json": "application/json",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, TypeVar
 
 from flask import Blueprint, Response, g, jsonify, request
 from werkzeug.datastructures import FileStorage
@@ -11,78 +11,20 @@ from werkzeug.datastructures import FileStorage
 from app.auth import require_api_token
 from app.context import Services, services
 from app.errors import ApiError
-from app.inputs import check_text, display_filename, request_json
-from app.jobs import idempotency, retention, service
-from app.jobs.formats import FORMATS, render
+from app.inputs import display_filename, request_json
+from app.jobs import idempotency, requests, retention, service
+from app.jobs.formats import render
+from app.jobs.requests import JobOptions
 from app.jobs.slow_work import probe_slot
 from app.jobs.submission import Submitter
 from app.jobs.waiting import Waited, client_socket, sync_slots, wait_for_job
-from app.languages import WHISPER_LANGUAGES, is_english_only
 from app.models import JobStatus
-from app.urls import check_url
 from gpu_worker.protocol.failure import CLIENT_FAILURES
 
 log = logging.getLogger(__name__)
 
 jobs_bp = Blueprint("jobs", __name__)
-
-OPENAI_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
-_JSON_FIELDS = {"url", "language", "webhook_url", "word_timestamps", "prompt"}
-_FORM_FIELDS = {"language", "webhook_url", "word_timestamps", "prompt"}
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
-
-
-def _language(value: Any, svc: Services) -> str | None:
-    if value is None or value == "":
-        return svc.settings.default_language
-    if not isinstance(value, str) or value.lower() not in WHISPER_LANGUAGES:
-        raise ApiError(
-            400,
-            "invalid_language",
-            f"language {value!r} is not an ISO 639-1 code Whisper knows (e.g. 'en', 'fr')",
-        )
-    code = value.lower()
-    models = {p.model for p in svc.settings.enabled_profiles}
-    if code != "en" and models and all(is_english_only(m) for m in models):
-        raise ApiError(
-            400,
-            "unsupported_language",
-            f"language {code!r} is not supported: the configured models are English-only",
-        )
-    return code
-
-
-def _flag(value: Any, name: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    if value is None:
-        return False
-    if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
-        return value.lower() in _TRUE
-    raise ApiError(400, "invalid_parameter", f"{name} must be true or false")
-
-
-def _text(value: Any, name: str, limit: int) -> str | None:
-    if value is None or value == "":
-        return None
-    if not isinstance(value, str) or len(value) > limit:
-        raise ApiError(
-            400, "invalid_parameter", f"{name} must be a string of at most {limit} characters"
-        )
-    return check_text(value, name, free_text=True)
-
-
-def _webhook(value: Any, svc: Services) -> str | None:
-    if value is None or value == "":
-        return None
-    if not svc.settings.reveal("webhook_secret"):
-        raise ApiError(
-            400, "webhooks_disabled", "webhooks are disabled: MURMUR_WEBHOOK_SECRET is not set"
-        )
-    allow = svc.settings.api.allow_private_urls
-    with probe_slot():  # resolving the host may wait on a slow resolver
-        return check_url(value, field="webhook_url", allow_private=allow).url
+F = TypeVar("F", requests.UploadForm, requests.OpenAITranscriptionForm)
 
 
 def _idempotency_key() -> str | None:
@@ -103,16 +45,18 @@ def _accepted(job_json: dict[str, Any], created: bool) -> Response:
     return response
 
 
-def _form_upload(svc: Services, allowed_fields: set[str]) -> tuple[FileStorage, dict[str, Any]]:
-    unknown = set(request.form) - allowed_fields
-    if unknown:
-        # A part whose name werkzeug could not read is keyed None: name it, do not sort on it.
-        names = ", ".join(sorted(str(name) for name in unknown))
-        raise ApiError(400, "unknown_field", f"unknown form field(s): {names}")
-    upload = request.files.get("file")
+def _form_upload(model: type[F], svc: Services) -> tuple[FileStorage, F]:
+    """The audio part and the form's fields as `model`: unknown fields are refused first, then
+    a missing audio part, then the fields in the model's order."""
+    form = request.form.to_dict(flat=False)
+    requests.refuse_unknown(model, form)
+    upload = request.files.get(requests.UPLOAD_PART)
     if upload is None:
         raise ApiError(400, "missing_file", "send the audio as a multipart form field named 'file'")
-    return upload, request.form.to_dict()
+    fields = requests.parse(
+        model, requests.form_values(model, form), requests.deployment(svc.settings)
+    )
+    return upload, fields
 
 
 def _submitter(svc: Services) -> Submitter:
@@ -120,15 +64,15 @@ def _submitter(svc: Services) -> Submitter:
 
 
 def create_upload_job(
-    svc: Services, upload: FileStorage, fields: dict[str, Any], owner: str, key: str | None
+    svc: Services, upload: FileStorage, options: JobOptions, owner: str, key: str | None
 ) -> tuple[dict[str, Any], bool]:
     req = service.JobRequest(
         owner=owner,
         source="upload",
-        language=_language(fields.get("language"), svc),
-        prompt=_text(fields.get("prompt"), "prompt", 2000),
-        word_timestamps=_flag(fields.get("word_timestamps"), "word_timestamps"),
-        webhook_url=_webhook(fields.get("webhook_url"), svc),
+        language=options.language,
+        prompt=options.prompt,
+        word_timestamps=options.word_timestamps,
+        webhook_url=options.webhook_url,
         idempotency_key=key,
         filename=display_filename(upload.filename),
     )
@@ -139,23 +83,18 @@ def create_upload_job(
 def _create_url_job(
     svc: Services, body: dict[str, Any], owner: str, key: str | None
 ) -> tuple[dict[str, Any], bool]:
-    unknown = set(body) - _JSON_FIELDS
-    if unknown:
-        raise ApiError(400, "unknown_field", f"unknown field(s): {', '.join(sorted(unknown))}")
-    if "url" not in body:
-        raise ApiError(400, "missing_url", 'send JSON {"url": "https://..."} or upload a file')
-    with probe_slot():  # resolving the host may wait on a slow resolver
-        checked = check_url(body["url"], allow_private=svc.settings.api.allow_private_urls)
+    fields = requests.parse(requests.UrlJob, body, requests.deployment(svc.settings))
+    options = fields.options()
     req = service.JobRequest(
         owner=owner,
         source="url",
-        source_url=checked.url,
-        language=_language(body.get("language"), svc),
-        prompt=_text(body.get("prompt"), "prompt", 2000),
-        word_timestamps=_flag(body.get("word_timestamps"), "word_timestamps"),
-        webhook_url=_webhook(body.get("webhook_url"), svc),
+        source_url=fields.url,
+        language=options.language,
+        prompt=options.prompt,
+        word_timestamps=options.word_timestamps,
+        webhook_url=options.webhook_url,
         idempotency_key=key,
-        filename=display_filename(checked.url.split("?", 1)[0]),
+        filename=display_filename(fields.url.split("?", 1)[0]),
     )
     job, created = _submitter(svc).url(req)
     return service.job_json(job), created
@@ -172,8 +111,8 @@ def create_job() -> Response:
             raise ApiError(400, "invalid_json", "the request body is not a JSON object")
         job, created = _create_url_job(svc, body, g.owner, key)
     elif request.mimetype == "multipart/form-data":
-        upload, fields = _form_upload(svc, _FORM_FIELDS)
-        job, created = create_upload_job(svc, upload, fields, g.owner, key)
+        upload, form = _form_upload(requests.UploadForm, svc)
+        job, created = create_upload_job(svc, upload, form.options(), g.owner, key)
     else:
         raise ApiError(
             415,
@@ -192,22 +131,10 @@ def get_job(job_id: str) -> Response:
 @jobs_bp.get("/v1/jobs")
 @require_api_token
 def list_jobs() -> Response:
-    status = request.args.get("status") or None
-    if status is not None and status not in {s.value for s in JobStatus}:
-        raise ApiError(
-            400,
-            "invalid_status",
-            f"status must be one of {', '.join(s.value for s in JobStatus)}",
-        )
-    try:
-        limit = int(request.args.get("limit", "20"))
-    except ValueError:
-        limit = 0
-    if not 1 <= limit <= 100:
-        raise ApiError(400, "invalid_limit", "limit must be an integer from 1 to 100")
-    raw_cursor = request.args.get("cursor")
-    cursor = service.cursor_decode(raw_cursor) if raw_cursor else None
-    jobs = service.list_jobs(services().db, g.owner, status, limit + 1, cursor)
+    query = requests.parse(requests.JobListQuery, request.args.to_dict())
+    limit = query.limit
+    cursor = service.cursor_decode(query.cursor) if query.cursor else None
+    jobs = service.list_jobs(services().db, g.owner, query.status, limit + 1, cursor)
     page, more = jobs[:limit], len(jobs) > limit
     return jsonify(
         {
@@ -222,7 +149,7 @@ def list_jobs() -> Response:
 @require_api_token
 def cancel_job(job_id: str) -> Response:
     svc = services()
-    if _flag(request.args.get("purge"), "purge"):
+    if requests.parse(requests.CancelQuery, request.args.to_dict()).purge:
         retention.purge_job(svc.db, svc.storage, job_id, g.owner)
         return Response(status=204)
     job = service.cancel_job(svc.db, job_id, g.owner, now=svc.clock())
@@ -233,11 +160,7 @@ def cancel_job(job_id: str) -> Response:
 @jobs_bp.get("/v1/jobs/<job_id>/transcript")
 @require_api_token
 def get_transcript(job_id: str) -> Response:
-    fmt = request.args.get("format", "json")
-    if fmt not in FORMATS:
-        raise ApiError(
-            400, "invalid_format", f"format must be one of {', '.join(f for f in FORMATS)}"
-        )
+    fmt = requests.parse(requests.TranscriptQuery, request.args.to_dict()).format
     job = service.get_job(services().db, job_id, g.owner)
     if job.status != JobStatus.SUCCEEDED.value or job.transcript is None:
         if job.status in (JobStatus.FAILED.value, JobStatus.CANCELLED.value):
@@ -266,45 +189,12 @@ def _transcribe_and_wait() -> Response:
     svc = services()
     if request.mimetype != "multipart/form-data":
         raise ApiError(415, "unsupported_media_type", "send multipart/form-data")
-    upload, _ = _form_upload(svc, _OPENAI_FIELDS)
-    fmt, granularities = _openai_format()
-    fields = {
-        "language": request.form.get("language"),
-        "prompt": request.form.get("prompt"),
-        "word_timestamps": "true" if "word" in granularities else "false",
-    }
-    job, _ = create_upload_job(svc, upload, fields, g.owner, _idempotency_key())
+    upload, form = _form_upload(requests.OpenAITranscriptionForm, svc)
+    job, _ = create_upload_job(svc, upload, form.options(), g.owner, _idempotency_key())
     timeout = svc.settings.api.sync_timeout_seconds
     waited = wait_for_job(svc.db, svc.redis, job["id"], timeout, client_socket(request.environ))
-    return _sync_answer(waited, fmt, granularities, timeout)
-
-
-_OPENAI_FIELDS = {
-    "model",
-    "language",
-    "prompt",
-    "response_format",
-    "temperature",
-    "timestamp_granularities[]",
-    "stream",
-}
-
-
-def _openai_format() -> tuple[str, set[str]]:
-    """The asked response format and timestamp granularities, checked."""
-    fmt = request.form.get("response_format") or "json"
-    if fmt not in OPENAI_FORMATS:
-        raise ApiError(
-            400,
-            "invalid_response_format",
-            f"response_format must be one of {', '.join(OPENAI_FORMATS)}",
-        )
-    granularities = set(request.form.getlist("timestamp_granularities[]"))
-    if granularities - {"word", "segment"}:
-        raise ApiError(
-            400, "invalid_parameter", "timestamp_granularities[] accepts 'word' and 'segment'"
-        )
-    return fmt, granularities
+    granularities: set[str] = set(form.timestamp_granularities)
+    return _sync_answer(waited, form.response_format, granularities, timeout)
 
 
 def _sync_answer(waited: Waited, fmt: str, granularities: set[str], timeout: float) -> Response:
