@@ -99,36 +99,75 @@ def postgres_server() -> str:
     return POSTGRES_URL
 
 
+# Everything a test could change in the schema of the shared database (a trigger it adds, a
+# column it drops, a function it defines), read from the catalogue.
+_SCHEMA_QUERY = """
+SELECT 'column', table_name || '.' || column_name || ':' || data_type || ':' || is_nullable
+  FROM information_schema.columns WHERE table_schema = 'public'
+UNION ALL SELECT 'index', indexname || ':' || indexdef FROM pg_indexes WHERE schemaname = 'public'
+UNION ALL SELECT 'trigger', tgname FROM pg_trigger WHERE NOT tgisinternal
+UNION ALL SELECT 'function', proname FROM pg_proc
+  WHERE pronamespace = 'public'::regnamespace
+UNION ALL SELECT 'constraint', conname FROM pg_constraint
+  WHERE connamespace = 'public'::regnamespace
+ORDER BY 1, 2
+"""
+
+
+class _SharedDatabase:
+    """The session's PostgreSQL database: built by the migrations once, emptied before each
+    test, and built again should a test have left its schema changed."""
+
+    def __init__(self, server: str) -> None:
+        self.server = server
+        self.name = f"murmur_test_{uuid.uuid4().hex[:10]}"
+        self.url = f"{server.rsplit('/', 1)[0]}/{self.name}"
+        self._build()
+        self.schema = self._schema()
+
+    def _admin(self, sql: str) -> None:
+        with psycopg.connect(self.server, autocommit=True) as conn:
+            conn.execute(sql)
+
+    def _build(self) -> None:
+        self._admin(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+        self._admin(f'CREATE DATABASE "{self.name}"')
+        upgrade(self.url)
+
+    def _schema(self) -> list[tuple[str, str]]:
+        with psycopg.connect(self.url) as conn:
+            return [(kind, what) for kind, what in conn.execute(_SCHEMA_QUERY).fetchall()]
+
+    def emptied(self) -> str:
+        """Every row gone, the schema (and Alembic's version) as the migrations built it.
+
+        Connections a previous test left (a process killed mid-transaction, a pool not
+        disposed) are ended first, as `DROP DATABASE ... WITH (FORCE)` would: none may hold a
+        lock on a row this test needs.
+        """
+        tables = ", ".join(f'"{table.name}"' for table in Base.metadata.sorted_tables)
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            conn.execute(f"TRUNCATE {tables}")
+        if self._schema() != self.schema:
+            self._build()
+        return self.url
+
+    def drop(self) -> None:
+        self._admin(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+
+
 @pytest.fixture(scope="session")
-def postgres_database(postgres_server: str) -> Iterator[str]:
-    """A database of our own on the server for the session, built by the migrations."""
-    name = f"murmur_test_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(postgres_server, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = f"{postgres_server.rsplit('/', 1)[0]}/{name}"
-    upgrade(url)
+def postgres_database(postgres_server: str) -> Iterator[_SharedDatabase]:
+    """A database of our own on the server for the session (see `_SharedDatabase`)."""
+    shared = _SharedDatabase(postgres_server)
     try:
-        yield url
+        yield shared
     finally:
-        with psycopg.connect(postgres_server, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-def _emptied(url: str) -> str:
-    """The database with every row gone, its schema (and Alembic's version) kept.
-
-    Connections a previous test left (a process killed mid-transaction, a pool not disposed)
-    are ended first, as `DROP DATABASE ... WITH (FORCE)` would: none may hold a lock on a row
-    this test needs.
-    """
-    tables = ", ".join(f'"{table.name}"' for table in Base.metadata.sorted_tables)
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
-        )
-        conn.execute(f"TRUNCATE {tables}")
-    return url
+        shared.drop()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -139,7 +178,8 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         url = f"sqlite:///{tmp_path}/murmur.db"
         upgrade(url)
         return url
-    return _emptied(request.getfixturevalue("postgres_database"))
+    shared: _SharedDatabase = request.getfixturevalue("postgres_database")
+    return shared.emptied()
 
 
 def make_settings(database_url: str, redis_url: str, tmp_path: Path, **env: str) -> Settings:

@@ -292,10 +292,18 @@ def test_a_failed_insert_leaves_no_audio_behind(
                     "FOR EACH ROW EXECUTE FUNCTION refuse_jobs()"
                 )
             )
-    client = create_app(settings, db=db).test_client()
-    response = upload(client)
-    error_of(response, 500, "internal_error")
-    assert audio_files(settings) == []
+    try:
+        client = create_app(settings, db=db).test_client()
+        response = upload(client)
+        error_of(response, 500, "internal_error")
+        assert audio_files(settings) == []
+    finally:  # PostgreSQL's database is shared by the session's tests (tests/conftest.py)
+        with db.session() as s:
+            if database_url.startswith("sqlite"):
+                s.execute(text("DROP TRIGGER refuse_jobs"))
+            else:
+                s.execute(text("DROP TRIGGER refuse_jobs ON jobs"))
+                s.execute(text("DROP FUNCTION refuse_jobs()"))
 
 
 # -- finding 12: an idempotency key reused with a different request ---------------------------

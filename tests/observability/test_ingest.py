@@ -142,7 +142,7 @@ def test_a_refusal_stays_the_answer_when_its_heartbeat_cannot_be_written(
 
     from app.jobs import service
 
-    def database_gone(*args: Any) -> None:
+    def database_gone(*args: Any, **kwargs: Any) -> None:
         raise OperationalError("UPDATE workers", {}, Exception("connection lost"))
 
     worker = live_worker(obs.db)
