@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import io
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from app.config import Settings
@@ -12,22 +12,10 @@ from app.db import Database
 from app.factory import create_app
 from app.fleet.snapshot import as_utc
 from app.models import Job, Worker, WorkerState
-from tests.conftest import FIXTURES, add_worker, auth
+from tests.conftest import FIXTURES, FakeClock, add_worker, auth
 from tests.test_worker_endpoints import TRANSCRIPT, call
 
 T0 = datetime(2031, 5, 6, 7, 8, 9, tzinfo=UTC)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def tick(self, seconds: float) -> datetime:
-        self.now += timedelta(seconds=seconds)
-        return self.now
 
 
 def _submit(client: Any) -> str:
@@ -51,7 +39,7 @@ def _rows(db: Database, job_id: str, worker_id: str) -> tuple[Job, Worker]:
 def test_a_job_and_its_worker_are_stamped_by_the_injected_clock(
     settings: Settings, db: Database
 ) -> None:
-    clock = Clock()
+    clock = FakeClock(T0)
     client = create_app(settings, db=db, clock=clock).test_client()
     worker = add_worker(db, state=WorkerState.READY)
 
@@ -59,23 +47,23 @@ def test_a_job_and_its_worker_are_stamped_by_the_injected_clock(
     job, _ = _rows(db, job_id, worker.id)
     assert as_utc(job.created_at) == T0 and as_utc(job.dispatched_at) == T0
 
-    claimed_at = clock.tick(5)
+    claimed_at = clock.advance(5)
     assert call(client, worker, f"/jobs/{job_id}/claim").status_code == 200
     job, row = _rows(db, job_id, worker.id)
     assert as_utc(job.started_at) == claimed_at
     assert as_utc(row.last_seen_at) == claimed_at and as_utc(row.first_job_at) == claimed_at
 
-    heard_at = clock.tick(7)
+    heard_at = clock.advance(7)
     assert call(client, worker, "/heartbeat").status_code == 200
     assert as_utc(_rows(db, job_id, worker.id)[1].last_seen_at) == heard_at
 
-    done_at = clock.tick(11)
+    done_at = clock.advance(11)
     body = {"transcript": TRANSCRIPT, "processing_seconds": 1.0}
     assert call(client, worker, f"/jobs/{job_id}/result", body).get_json() == {"stored": True}
     job, row = _rows(db, job_id, worker.id)
     assert as_utc(job.finished_at) == done_at and as_utc(row.idle_since) == done_at
 
     other = _submit(client)
-    cancelled_at = clock.tick(13)
+    cancelled_at = clock.advance(13)
     assert client.delete(f"/v1/jobs/{other}", headers=auth()).status_code == 200
     assert as_utc(_rows(db, other, worker.id)[0].finished_at) == cancelled_at
