@@ -4,17 +4,41 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, Engine, Select, create_engine, event
+from sqlalchemy import CursorResult, DateTime, Dialect, Engine, Select, create_engine, event
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
+from sqlalchemy.types import TypeDecorator
 
 from app.private_files import private_dir, private_file, tighten
 
 
 class Base(DeclarativeBase):
     pass
+
+
+def as_utc(value: datetime | None) -> datetime | None:
+    """`value` as an aware UTC datetime. Murmur stores only UTC; a naive value (SQLite keeps no
+    zone, and a raw SQL result bypasses the column type) is read as UTC."""
+    if value is None:
+        return None
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """A timestamp column that is always written in UTC and always read back aware, on SQLite
+    (which drops the zone) as on PostgreSQL, so no code compares naive with aware times."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        return as_utc(value)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        return as_utc(value)
 
 
 READ_ONLY = "murmur_read_only"

@@ -9,7 +9,6 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
-    DateTime,
     Float,
     Index,
     Integer,
@@ -20,11 +19,18 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
-from app.db import Base
+from app.db import Base, UtcDateTime, as_utc
 
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+def iso(value: datetime | None) -> str | None:
+    """The one way a timestamp is written in a JSON answer: RFC 3339 in UTC, to the
+    millisecond (`2026-12-01T19:13:30.123Z`)."""
+    moment = as_utc(value)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z") if moment else None
 
 
 def new_id(prefix: str) -> str:
@@ -84,20 +90,18 @@ class Job(Base):
     webhook_status: Mapped[str | None] = mapped_column(String(16))
     # Attempts claimed so far, and when the next is due (or the current one's lease ends).
     webhook_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
-    webhook_next_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    webhook_next_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     worker_id: Mapped[str | None] = mapped_column(String(40))
     error_code: Mapped[str | None] = mapped_column(String(64))
     error_message: Mapped[str | None] = mapped_column(Text)
     transcript: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     processing_seconds: Mapped[float | None] = mapped_column(Float)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    updated_at: Mapped[datetime] = mapped_column(
-        DateTime(timezone=True), default=utcnow, onupdate=utcnow
-    )
-    dispatched_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow, onupdate=utcnow)
+    dispatched_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    started_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
 
 
 class WorkerState(enum.StrEnum):
@@ -152,15 +156,15 @@ class Worker(Base):
     resources: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     current_job_id: Mapped[str | None] = mapped_column(String(40))
     jobs_done: Mapped[int] = mapped_column(Integer, default=0)
-    requested_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    created_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    booted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    ready_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    first_job_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    idle_since: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    last_seen_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    delete_requested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    deleted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    requested_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+    created_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    booted_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    ready_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    first_job_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    idle_since: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    last_seen_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    delete_requested_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    deleted_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
     # Why the fleet tore this worker down ("idle", "boot timeout", "orphan", ...), for operators.
     delete_reason: Mapped[str | None] = mapped_column(String(64))
 
@@ -171,14 +175,14 @@ class ProfileState(Base):
     __tablename__ = "profile_state"
 
     name: Mapped[str] = mapped_column(String(40), primary_key=True)
-    backoff_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    backoff_until: Mapped[datetime | None] = mapped_column(UtcDateTime())
     consecutive_stockouts: Mapped[int] = mapped_column(Integer, default=0)
     last_error: Mapped[str | None] = mapped_column(Text)
-    last_error_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    last_error_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
     availability: Mapped[str | None] = mapped_column(String(16))
     # After a non-capacity provisioning error (quota, permission, 5xx, timeout) the profile is
     # not retried before this time; unlike back-off, its jobs are NOT re-routed meanwhile.
-    retry_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    retry_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
     # Non-capacity provisioning errors in a row: the wait before `retry_at` doubles with each.
     consecutive_errors: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # Workers of this profile in a row that never became ready (boot timeout, stopped before

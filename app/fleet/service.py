@@ -7,14 +7,14 @@ workers from the database, queue depths and the last published plan from Redis.
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import redis
 from sqlalchemy import func, or_, select
 
 from app.config import Profile, Settings
-from app.db import Database
+from app.db import Database, as_utc
 from app.models import (
     LIVE_WORKER_STATES,
     Job,
@@ -22,6 +22,7 @@ from app.models import (
     ProfileState,
     Worker,
     WorkerState,
+    iso,
     server_gone,
 )
 from gpu_worker.protocol.broker import queue_name
@@ -63,19 +64,8 @@ def read_plan(client: redis.Redis) -> dict[str, Any] | None:
     return plan
 
 
-def _utc(value: datetime | None) -> datetime | None:
-    if value is None:
-        return None
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-
-
-def _iso(value: datetime | None) -> str | None:
-    v = _utc(value)
-    return v.isoformat(timespec="seconds") if v else None
-
-
 def _seconds(a: datetime | None, b: datetime | None) -> float | None:
-    a, b = _utc(a), _utc(b)
+    a, b = as_utc(a), as_utc(b)
     return None if a is None or b is None else round((b - a).total_seconds(), 1)
 
 
@@ -130,7 +120,7 @@ def fleet_overview(
 
     current_total = sum(w.hourly_cost_eur for w in workers if _billed(w))
     return {
-        "at": _iso(now),
+        "at": iso(now),
         "budget": {
             "max_hourly_eur": settings.budget.max_hourly_eur,
             "current_hourly_eur": round(current_total, 4),
@@ -169,8 +159,8 @@ def _profile(
         if w.deleted_at is None:
             by_state[w.state] = by_state.get(w.state, 0) + 1
     current = sum(w.hourly_cost_eur for w in mine if _billed(w))
-    backoff = _utc(st.backoff_until) if st else None
-    retry = _utc(st.retry_at) if st else None
+    backoff = as_utc(st.backoff_until) if st else None
+    retry = as_utc(st.retry_at) if st else None
     return {
         "name": p.name,
         "provider": p.provider,
@@ -179,14 +169,14 @@ def _profile(
         "enabled": p.enabled,
         "max_workers": p.max_workers,
         "hourly_cost_eur": p.hourly_cost_eur,
-        "backoff_until": _iso(backoff) if backoff and backoff > now else None,
+        "backoff_until": iso(backoff) if backoff and backoff > now else None,
         "consecutive_stockouts": st.consecutive_stockouts if st else 0,
         # Workers in a row that never became ready (held at fleet.max_failed_boots).
         "consecutive_failed_boots": st.consecutive_failed_boots or 0 if st else 0,
-        "retry_at": _iso(retry) if retry and retry > now else None,
+        "retry_at": iso(retry) if retry and retry > now else None,
         "availability": st.availability if st else None,
         "last_error": st.last_error if st else None,
-        "last_error_at": _iso(st.last_error_at) if st else None,
+        "last_error_at": iso(st.last_error_at) if st else None,
         "workers": by_state,
         "queue_depth": depths.get(p.name),
         "jobs": {
@@ -213,7 +203,7 @@ def _worker(w: Worker, now: datetime) -> dict[str, Any]:
         "hourly_cost_eur": w.hourly_cost_eur,
         "error": w.error,
         "delete_reason": w.delete_reason,
-        "requested_at": _iso(w.requested_at),
+        "requested_at": iso(w.requested_at),
         # Seconds from the request to each lifecycle step (None: not reached).
         "timings": {name: _seconds(w.requested_at, getattr(w, col)) for name, col in _TIMINGS},
     }

@@ -38,7 +38,7 @@ from app.fleet.catalog import billed_seconds
 from app.fleet.planner import Action, Delete, FleetPlan, FleetState, Provision
 from app.fleet.providers.base import ProviderError
 from app.fleet.rules import fleet_rules
-from app.fleet.snapshot import Snapshot, as_utc
+from app.fleet.snapshot import Snapshot
 from app.jobs.dispatch import send_dispatched
 from app.models import LIVE_WORKER_STATES, Job, JobStatus, Worker, WorkerState, new_id
 from app.services import Services, build_services
@@ -359,7 +359,7 @@ def _read_back(svc: Services, result: SmokeResult) -> None:
             return
         runtime: dict[str, Any] | None = worker.runtime
         instance_id, resources = worker.instance_id, dict(worker.resources or {})
-        start = as_utc(worker.requested_at)
+        start = worker.requested_at
         stamps: dict[str, datetime | None] = {
             "created": worker.created_at,
             "booted": worker.booted_at,
@@ -369,9 +369,9 @@ def _read_back(svc: Services, result: SmokeResult) -> None:
         }
     assert start is not None
     for name in PHASES:
-        moment = as_utc(stamps[name])
+        moment = stamps[name]
         result.timings[name] = None if moment is None else (moment - start).total_seconds()
-    end = as_utc(stamps["deleted"]) or svc.clock()
+    end = stamps["deleted"] or svc.clock()
     if stamps["created"] is not None:  # no server, no bill
         # From the request (an upper bound: billing starts at power-on), in whole increments.
         seconds = max((end - start).total_seconds(), 1e-9)

@@ -10,11 +10,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Row, func, select
 
+from app.db import as_utc
 from app.fleet.planner import (
     ActiveJob,
     FleetRules,
@@ -51,17 +52,6 @@ class Snapshot:
     state: FleetState
     # The provider's own view of each listed instance (resources to tear down, zone).
     instances: dict[tuple[str, str], Instance]
-
-
-def as_utc(value: datetime | None) -> datetime | None:
-    """SQLite returns naive datetimes; everything here is UTC."""
-    if value is None:
-        return None
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-
-
-def _utc(value: datetime) -> datetime:
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 def _latest(a: datetime | None, b: datetime | None) -> datetime | None:
@@ -174,8 +164,8 @@ def _profile_snapshots(
             enabled=p.enabled,
             max_workers=p.max_workers,
             hourly_cost_eur=p.hourly_cost_eur,
-            backoff_until=as_utc(learned[p.name].backoff_until) if p.name in learned else None,
-            retry_at=as_utc(learned[p.name].retry_at) if p.name in learned else None,
+            backoff_until=learned[p.name].backoff_until if p.name in learned else None,
+            retry_at=learned[p.name].retry_at if p.name in learned else None,
             last_error=learned[p.name].last_error if p.name in learned else None,
             queue_depth=depths.get(p.name),
         )
@@ -194,15 +184,15 @@ def _worker_snapshots(svc: Services, db: _Rows) -> tuple[WorkerSnapshot, ...]:
             profile=w.profile,
             provider=w.provider,
             state=w.state,
-            requested_at=_utc(w.requested_at),
+            requested_at=w.requested_at,
             instance_id=w.instance_id,
             hourly_cost_eur=w.hourly_cost_eur or 0.0,
             busy=w.current_job_id is not None or w.id in running_on,
-            created_at=as_utc(w.created_at),
-            booted_at=as_utc(w.booted_at),
-            ready_at=as_utc(w.ready_at),
-            idle_since=as_utc(w.idle_since),
-            last_seen_at=_latest(as_utc(w.last_seen_at), reported.get(w.id)),
+            created_at=w.created_at,
+            booted_at=w.booted_at,
+            ready_at=w.ready_at,
+            idle_since=w.idle_since,
+            last_seen_at=_latest(w.last_seen_at, reported.get(w.id)),
             error=w.error,
             delete_reason=w.delete_reason,
             server_gone=server_gone(w.resources),

@@ -12,7 +12,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import redis
@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 from app.auth import WorkerCaller
 from app.celery_config import DELIVER_WEBHOOK
 from app.config import Settings
-from app.db import Database
+from app.db import Database, as_utc
 from app.errors import Refused
 from app.inputs import text_problem
 from app.jobs.dispatch import dispatch_job
@@ -36,6 +36,7 @@ from app.models import (
     ProfileState,
     Worker,
     WorkerState,
+    iso,
 )
 from app.observability import record_job_finished
 from app.transitions import move_job
@@ -61,17 +62,6 @@ class JobRequest:
     request_hash: str | None = None  # app/jobs/idempotency.py; set with idempotency_key
 
 
-def _as_utc(value: datetime | None) -> datetime | None:
-    if value is not None and value.tzinfo is None:  # SQLite drops the zone
-        return value.replace(tzinfo=UTC)
-    return value
-
-
-def _iso(value: datetime | None) -> str | None:
-    value = _as_utc(value)
-    return value.isoformat().replace("+00:00", "Z") if value else None
-
-
 def job_json(job: Job) -> dict[str, Any]:
     body: dict[str, Any] = {
         "id": job.id,
@@ -89,10 +79,10 @@ def job_json(job: Job) -> dict[str, Any]:
         "webhook_url": job.webhook_url,
         "webhook_status": job.webhook_status,
         "attempts": job.attempts,
-        "created_at": _iso(job.created_at),
-        "dispatched_at": _iso(job.dispatched_at),
-        "started_at": _iso(job.started_at),
-        "finished_at": _iso(job.finished_at),
+        "created_at": iso(job.created_at),
+        "dispatched_at": iso(job.dispatched_at),
+        "started_at": iso(job.started_at),
+        "finished_at": iso(job.finished_at),
         "processing_seconds": finite_or_none(job.processing_seconds),
         "error": (
             {"code": job.error_code, "message": job.error_message} if job.error_code else None
@@ -507,7 +497,7 @@ def wait_until_finished(
 
 
 def cursor_encode(job: Job) -> str:
-    created = _as_utc(job.created_at)
+    created = as_utc(job.created_at)
     raw = json.dumps([created.isoformat() if created else "", job.id])
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
@@ -516,7 +506,7 @@ def cursor_decode(value: str) -> tuple[datetime, str]:
     try:
         padded = value + "=" * (-len(value) % 4)
         created, job_id = json.loads(base64.urlsafe_b64decode(padded.encode()))
-        parsed = _as_utc(datetime.fromisoformat(created))
+        parsed = as_utc(datetime.fromisoformat(created))
         assert parsed is not None
         # Checked here, not by assert: the id reaches SQL, and PostgreSQL refuses a NUL.
         if not isinstance(job_id, str) or text_problem(job_id) is not None:

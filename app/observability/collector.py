@@ -17,7 +17,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import redis
@@ -32,7 +32,7 @@ from sqlalchemy import Float, cast, extract, func, select
 from sqlalchemy.sql.elements import ColumnElement
 
 from app.config import Settings
-from app.db import Database
+from app.db import Database, as_utc
 from app.models import (
     FINISHED_STATES,
     Job,
@@ -143,10 +143,6 @@ _HOST_FIELDS = (
         "RAM installed on the worker's machine.",
     ),
 )
-
-
-def _aware(moment: datetime) -> datetime:
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 def _seconds_between(dialect: str, start: Any, end: Any) -> ColumnElement[float]:
@@ -305,10 +301,11 @@ class MurmurCollector:
                 unfinished_counts[(label, status)] += count
             if status in WAITING_JOB_STATES:
                 waiting_counts[label] += count
-                if first_created is not None:
-                    created = _aware(first_created)
-                    if label not in oldest_created or created < oldest_created[label]:
-                        oldest_created[label] = created
+                created = as_utc(first_created)  # a bare aggregate: no column type
+                if created is not None and (
+                    label not in oldest_created or created < oldest_created[label]
+                ):
+                    oldest_created[label] = created
         submitted.add_metric([], float(total))
         for (profile, outcome), count in sorted(finished_counts.items()):
             finished.add_metric([profile, outcome], float(count))
@@ -392,7 +389,7 @@ class MurmurCollector:
             elif w.state != WorkerState.FAILED.value or w.instance_id is not None:
                 costs[w.profile] = costs.get(w.profile, 0.0) + float(w.hourly_cost_eur or 0.0)
             if w.delete_requested_at is not None:
-                since = now - _aware(w.delete_requested_at).timestamp()
+                since = now - w.delete_requested_at.timestamp()
                 pending.add_metric([w.profile, w.id], max(since, 0.0))
         for (profile, state), count in sorted(counts.items()):
             by_state.add_metric([profile, state], float(count))
@@ -485,7 +482,7 @@ class MurmurCollector:
                 ("error", retry, not boot_hold),
                 ("failed_boots", retry, boot_hold),
             ):
-                on = applies and until is not None and _aware(until).timestamp() > now
+                on = applies and until is not None and until.timestamp() > now
                 held.add_metric([name, reason], 1.0 if on else 0.0)
         yield from (failed, limit, held)
 

@@ -249,11 +249,6 @@ def record_broker_user_recreated(r: redis.Redis, profile: str) -> None:
     r.hincrby(BROKER_USERS_RECREATED_KEY, profile, 1)
 
 
-def _aware(moment: datetime) -> datetime:
-    # SQLite hands back naive datetimes; everything Murmur stores is UTC.
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
-
-
 def _bucket(seconds: float) -> str:
     index = bisect.bisect_left(JOB_LATENCY_BUCKETS, seconds)
     return str(index)  # len(JOB_LATENCY_BUCKETS) is the +Inf bucket
@@ -267,14 +262,14 @@ def record_job_finished(r: redis.Redis, job: Job) -> None:
     if job.status not in FINISHED_STATES or job.finished_at is None:
         return
     profile = job.profile or ""
-    created = _aware(job.created_at)
-    duration = max((_aware(job.finished_at) - created).total_seconds(), 0.0)
+    created = job.created_at
+    duration = max((job.finished_at - created).total_seconds(), 0.0)
     pipe = r.pipeline(transaction=False)
     prefix = f"duration|{profile}|{job.status}"
     pipe.hincrby(JOB_LATENCY_KEY, f"{prefix}|{_bucket(duration)}", 1)
     pipe.hincrbyfloat(JOB_LATENCY_KEY, f"{prefix}|sum", duration)
     if job.started_at is not None:
-        wait = max((_aware(job.started_at) - created).total_seconds(), 0.0)
+        wait = max((job.started_at - created).total_seconds(), 0.0)
         pipe.hincrby(JOB_LATENCY_KEY, f"wait|{profile}|{_bucket(wait)}", 1)
         pipe.hincrbyfloat(JOB_LATENCY_KEY, f"wait|{profile}|sum", wait)
     try:

@@ -22,7 +22,7 @@ from app.context import Services, services
 from app.credentials import constant_time_in
 from app.errors import ApiError
 from app.jobs import service
-from app.models import Worker
+from app.models import Worker, iso
 from app.observability import store
 from app.observability.collector import LIFECYCLE_PHASES, render_metrics
 from gpu_worker.protocol.redaction import clean_log_line
@@ -178,12 +178,6 @@ def metrics() -> Response:
     return response
 
 
-def _iso(moment: datetime | None) -> str | None:
-    if moment is None:
-        return None
-    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).isoformat()
-
-
 def _lifecycle(worker: Worker) -> dict[str, Any]:
     stamps = {
         "requested_at": worker.requested_at,
@@ -209,15 +203,11 @@ def _lifecycle(worker: Worker) -> dict[str, Any]:
         end = getattr(worker, phase.end.key)
         name = phase.metric.removeprefix("murmur_worker_")
         phases[name] = (
-            round((_aware(end) - _aware(start)).total_seconds(), 3)
+            round((end - start).total_seconds(), 3)
             if start is not None and end is not None
             else None
         )
-    return {"timestamps": {k: _iso(v) for k, v in stamps.items()}, "phases": phases}
-
-
-def _aware(moment: datetime) -> datetime:
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+    return {"timestamps": {k: iso(v) for k, v in stamps.items()}, "phases": phases}
 
 
 @observability_bp.get("/v1/workers/<worker_id>/diagnostics")
@@ -247,7 +237,7 @@ def diagnostics(worker_id: str) -> Response:
             "lifecycle": _lifecycle(worker),
             "report": {
                 "last_received_at": (
-                    datetime.fromtimestamp(last_report, UTC).isoformat()
+                    iso(datetime.fromtimestamp(last_report, UTC))
                     if last_report is not None
                     else None
                 ),
