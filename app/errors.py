@@ -62,9 +62,16 @@ STATUS: dict[str, int] = {
     # app/jobs/submission.py: an upload over the size cap; a job whose queue is down
     "payload_too_large": 413,
     "broker_unavailable": 503,
+    # app/jobs/slow_work.py, app/jobs/waiting.py: this process's bounded slots are all taken
+    "server_busy": 503,
+    "sync_capacity_exhausted": 503,
 }
 # Refusals that pass with time: the seconds a client should wait before trying again.
-RETRY_AFTER: dict[str, int] = {"broker_unavailable": 5}
+RETRY_AFTER: dict[str, int] = {
+    "broker_unavailable": 5,
+    "server_busy": 2,
+    "sync_capacity_exhausted": 5,
+}
 
 
 class ApiError(Refused):

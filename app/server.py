@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import select
 import socket
 import threading
 import time
@@ -271,3 +272,32 @@ class JsonErrorThreadWorker(ThreadWorker):  # type: ignore[misc]
             util.write_nonblock(client, json_error_bytes(*status))
         except Exception:
             log.debug("failed to send an error answer")
+
+
+def client_socket(environ: dict[str, Any]) -> socket.socket | None:
+    """The request's connection, where the server exposes it (gunicorn, Werkzeug's server)."""
+    sock = environ.get("gunicorn.socket") or environ.get("werkzeug.socket")
+    return sock if isinstance(sock, socket.socket) else None
+
+
+def client_gone(sock: socket.socket | None) -> bool:
+    """True once the client has closed or reset its connection; False when it cannot tell.
+
+    The request was read whole, so a readable socket holds either the client's end of stream
+    (a peek reads nothing) or a pipelined next request (still there).
+    """
+    if sock is None:
+        return False
+    try:
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLIN | select.POLLPRI)
+        events = poller.poll(0)
+        if not events:
+            return False
+        if events[0][1] & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
+            return True
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except (BlockingIOError, InterruptedError, ValueError):
+        return False  # nothing to read after all, or a TLS socket that cannot peek
+    except OSError:
+        return True  # reset by the peer

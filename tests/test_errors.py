@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.errors import STATUS, ApiError, Refused
+from app.errors import RETRY_AFTER, STATUS, ApiError, Refused
 
 ROOT = Path(__file__).resolve().parents[1]
 # Modules of the domains and what they share: no HTTP status is written in them.
@@ -19,7 +19,7 @@ DOMAIN = [
     *sorted((ROOT / "app/jobs").glob("*.py")),
     *sorted((ROOT / "app/fleet").rglob("*.py")),
 ]
-HTTP_LAYER = {"views.py", "waiting.py", "slow_work.py", "cli.py"}
+HTTP_LAYER = {"views.py", "cli.py"}
 
 
 def _calls(path: Path, name: str) -> list[ast.Call]:
@@ -76,6 +76,9 @@ def test_a_refusal_answers_its_status_and_the_json_error_shape() -> None:
         assert response.get_json() == {
             "error": {"code": code, "message": f"refused: {code}", "job_id": "job_1"}
         }
+        assert response.headers.get("Retry-After") == (
+            str(RETRY_AFTER[code]) if code in RETRY_AFTER else None
+        )
     response = client.get("/busy")
     assert (response.status_code, response.headers["Retry-After"]) == (503, "1")
     assert response.get_json()["error"]["code"] == "server_busy"

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import requests
 
+from app.errors import RETRY_AFTER
 from app.jobs import slow_work
 from tests.conftest import API_TOKEN, FIXTURES, auth
 from tests.serving import Gunicorn, gunicorn_api
@@ -113,7 +114,7 @@ def test_an_upload_finding_every_probe_slot_taken_is_503_and_leaves_nothing(
             slow_work._slots.release()
     assert response.status_code == 503, response.data
     assert response.get_json()["error"]["code"] == "server_busy"
-    assert response.headers["Retry-After"] == str(slow_work.RETRY_AFTER_SECONDS)
+    assert response.headers["Retry-After"] == str(RETRY_AFTER["server_busy"])
     storage = Path(client.application.extensions["murmur"].settings.storage_path)
     left = [p for p in storage.rglob("*") if p.is_file()] if storage.exists() else []
     assert left == []
@@ -131,4 +132,4 @@ def test_a_url_job_finding_every_slot_taken_is_503(client: Any) -> None:
             slow_work._slots.release()
     assert response.status_code == 503, response.data
     assert response.get_json()["error"]["code"] == "server_busy"
-    assert response.headers["Retry-After"] == str(slow_work.RETRY_AFTER_SECONDS)
+    assert response.headers["Retry-After"] == str(RETRY_AFTER["server_busy"])

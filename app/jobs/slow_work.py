@@ -6,7 +6,7 @@ Invariant: at most `SLOTS` such steps run at once in one process, so uploads of 
 can never occupy every gunicorn thread; /healthz, job reads and the other endpoints keep
 threads. A request takes a slot for one step at a time, never two at once. A request that finds no
 slot within `WAIT_SECONDS` is refused 503 `server_busy` with Retry-After, before anything is
-stored, and may simply be sent again.
+stored, and may simply be sent again (Retry-After: app/errors.py RETRY_AFTER).
 """
 
 from __future__ import annotations
@@ -15,24 +15,21 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from app.errors import ApiError
+from app.errors import Refused
 
 SLOTS = 4
 WAIT_SECONDS = 2.0
-RETRY_AFTER_SECONDS = 2
 
 _slots = threading.BoundedSemaphore(SLOTS)
 
 
 @contextmanager
 def probe_slot() -> Iterator[None]:
-    """Hold one of the process's probe slots, or raise ApiError 503 when none frees in time."""
+    """Hold one of the process's probe slots, or refuse `server_busy` when none frees in time."""
     if not _slots.acquire(timeout=WAIT_SECONDS):
-        raise ApiError(
-            503,
+        raise Refused(
             "server_busy",
             "the server is checking as many uploads and URLs as it allows at once; retry shortly",
-            headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
         )
     try:
         yield

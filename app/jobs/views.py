@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any, TypeVar
 
-from flask import Blueprint, Response, g, jsonify, request
+from flask import Blueprint, Response, current_app, g, jsonify, request
 from werkzeug.datastructures import FileStorage
 
 from app.auth import require_api_token
@@ -17,8 +17,9 @@ from app.jobs.formats import render
 from app.jobs.requests import JobOptions
 from app.jobs.slow_work import probe_slot
 from app.jobs.submission import Submitter
-from app.jobs.waiting import Waited, client_socket, sync_slots, wait_for_job
+from app.jobs.waiting import SyncSlots, Waited, wait_for_job
 from app.models import JobStatus
+from app.server import client_gone, client_socket
 from gpu_worker.protocol.failure import CLIENT_FAILURES
 
 log = logging.getLogger(__name__)
@@ -176,12 +177,19 @@ def get_transcript(job_id: str) -> Response:
     return Response(body, mimetype=media_type.split(";")[0], content_type=media_type)
 
 
+def _sync_slots(svc: Services) -> SyncSlots:
+    """This app's slots, made on first use (setdefault keeps one even if two threads race)."""
+    fresh = SyncSlots(svc.settings.api.sync_max_waiting)
+    slots: SyncSlots = current_app.extensions.setdefault("murmur.sync_slots", fresh)
+    return slots
+
+
 @jobs_bp.post("/v1/audio/transcriptions")
 @require_api_token
 def openai_transcriptions() -> Response:
     """OpenAI-compatible synchronous transcription: submit, wait, answer in the asked format."""
     # A slot before the upload is read: a refused request costs nothing and stores nothing.
-    with sync_slots().hold():
+    with _sync_slots(services()).hold():
         return _transcribe_and_wait()
 
 
@@ -192,7 +200,8 @@ def _transcribe_and_wait() -> Response:
     upload, form = _form_upload(requests.OpenAITranscriptionForm, svc)
     job, _ = create_upload_job(svc, upload, form.options(), g.owner, _idempotency_key())
     timeout = svc.settings.api.sync_timeout_seconds
-    waited = wait_for_job(svc.db, svc.redis, job["id"], timeout, client_socket(request.environ))
+    sock = client_socket(request.environ)
+    waited = wait_for_job(svc.db, svc.redis, job["id"], timeout, lambda: client_gone(sock))
     granularities: set[str] = set(form.timestamp_granularities)
     return _sync_answer(waited, form.response_format, granularities, timeout)
 

@@ -15,26 +15,22 @@ Invariants (the reasons are in docs/api.md, "Synchronous transcription under loa
 from __future__ import annotations
 
 import logging
-import select
-import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import redis
-from flask import current_app
 
 from app.db import Database
-from app.errors import ApiError
+from app.errors import Refused
 from app.jobs.service import DONE_CHANNEL, get_job
 from app.models import FINISHED_STATES, Job
 
 log = logging.getLogger(__name__)
 
-RETRY_AFTER_SECONDS = 5
 # How often a waiter looks at its client, and reads the job while Redis cannot wake it.
 CHECK_SECONDS = 1.0
 # How often it reads the job anyway while Redis can wake it (a missed message costs this).
@@ -51,53 +47,15 @@ class SyncSlots:
     @contextmanager
     def hold(self) -> Iterator[None]:
         if not self._free.acquire(blocking=False):
-            raise ApiError(
-                503,
+            raise Refused(
                 "sync_capacity_exhausted",
                 f"this server already waits on {self.size} synchronous transcriptions; retry "
                 "shortly, or submit with POST /v1/jobs and poll",
-                headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
             )
         try:
             yield
         finally:
             self._free.release()
-
-
-def sync_slots() -> SyncSlots:
-    """This app's slots, made on first use (setdefault keeps one even if two threads race)."""
-    size = current_app.extensions["murmur"].settings.api.sync_max_waiting
-    slots: SyncSlots = current_app.extensions.setdefault("murmur.sync_slots", SyncSlots(size))
-    return slots
-
-
-def client_socket(environ: dict[str, Any]) -> socket.socket | None:
-    """The request's connection, where the server exposes it (gunicorn, Werkzeug's server)."""
-    sock = environ.get("gunicorn.socket") or environ.get("werkzeug.socket")
-    return sock if isinstance(sock, socket.socket) else None
-
-
-def client_gone(sock: socket.socket | None) -> bool:
-    """True once the client has closed or reset its connection; False when it cannot tell.
-
-    The request was read whole, so a readable socket holds either the client's end of stream
-    (a peek reads nothing) or a pipelined next request (still there).
-    """
-    if sock is None:
-        return False
-    try:
-        poller = select.poll()
-        poller.register(sock.fileno(), select.POLLIN | select.POLLPRI)
-        events = poller.poll(0)
-        if not events:
-            return False
-        if events[0][1] & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
-            return True
-        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-    except (BlockingIOError, InterruptedError, ValueError):
-        return False  # nothing to read after all, or a TLS socket that cannot peek
-    except OSError:
-        return True  # reset by the peer
 
 
 @dataclass
@@ -114,9 +72,10 @@ def wait_for_job(
     r: redis.Redis,
     job_id: str,
     timeout: float,
-    client: socket.socket | None = None,
+    client_gone: Callable[[], bool] = lambda: False,
 ) -> Waited:
-    """Wait until the job ends, `timeout` passes, or the client leaves (see the invariants)."""
+    """Wait until the job ends, `timeout` passes, or `client_gone()` says the client left (see
+    the invariants)."""
     deadline = time.monotonic() + timeout
     pubsub: Any = r.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
     try:
@@ -141,7 +100,7 @@ def wait_for_job(
                     pubsub = None
             else:
                 time.sleep(min(CHECK_SECONDS, left))
-            if client_gone(client):
+            if client_gone():
                 log.info("client of synchronous job %s left; stopped waiting", job_id)
                 return Waited(job, client_gone=True)
             if woken or pubsub is None or time.monotonic() >= next_read:
