@@ -16,6 +16,7 @@ import requests
 from tqdm import tqdm
 
 from app.config import ConfigError, check_settings, credential_problems, load_settings
+from app.models import FINISHED_STATES, JobStatus
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -214,7 +215,7 @@ def submit(
         click.echo(json.dumps(job, indent=2))
         return
     job = _wait(url, headers, job["id"], timeout, progress)
-    if job["status"] != "succeeded":
+    if job["status"] != JobStatus.SUCCEEDED:
         err = job.get("error") or {}
         raise click.ClickException(
             f"job {job['id']} {job['status']}: {err.get('message', 'no transcript')}"
@@ -243,7 +244,7 @@ def _wait(
             )
             bar.set_description_str(f"{job_id} {job['status']}")
             bar.update(0)
-            if job["status"] in ("succeeded", "failed", "cancelled"):
+            if job["status"] in FINISHED_STATES:
                 return job
             if time.monotonic() > deadline:
                 raise click.ClickException(f"job {job_id} still {job['status']} after {timeout} s")

@@ -53,6 +53,19 @@ class JobStatus(enum.StrEnum):
 FINISHED_STATES = tuple(s.value for s in JobStatus if s.finished)
 
 
+class WebhookStatus(enum.StrEnum):
+    """A job's webhook: `pending → retrying → delivered | failed` (app/jobs/webhooks.py)."""
+
+    PENDING = "pending"
+    RETRYING = "retrying"
+    DELIVERED = "delivered"
+    FAILED = "failed"
+
+    @property
+    def open(self) -> bool:
+        return self in (WebhookStatus.PENDING, WebhookStatus.RETRYING)
+
+
 class Job(Base):
     __tablename__ = "jobs"
     __table_args__ = (

@@ -22,7 +22,7 @@ from app.db import Database
 from app.deadline import exchange_deadline
 from app.errors import Refused
 from app.jobs import service, webhooks
-from app.models import Job
+from app.models import Job, WebhookStatus
 from app.services import Clock
 from app.urls import check_url, pinned_session
 
@@ -85,7 +85,7 @@ def attempt_webhook(
     job = service.get_job(db, job_id)
     ok, reason = _send_webhook(settings, job, int(clock().timestamp()))
     settled = webhooks.settle_attempt(db, job_id, attempt, ok, clock())
-    if settled is not None and settled.status == "failed":
+    if settled is not None and settled.status is WebhookStatus.FAILED:
         log.warning("webhook for %s gave up after %d tries (%s)", job_id, attempt, reason)
     return settled
 

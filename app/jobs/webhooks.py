@@ -18,9 +18,9 @@ from datetime import datetime, timedelta
 from sqlalchemy import ColumnElement, or_, select, update
 
 from app.db import Database, rows_changed
-from app.models import FINISHED_STATES, Job
+from app.models import FINISHED_STATES, Job, WebhookStatus
 
-OPEN_STATES = ("pending", "retrying")
+OPEN_STATES = tuple(s.value for s in WebhookStatus if s.open)
 # One first try and six retries, 2, 4, ... 64 s apart: about two minutes in all, as before.
 MAX_ATTEMPTS = 7
 # Longer than one attempt can take (app/jobs/delivery.py WEBHOOK_DEADLINE_SECONDS bounds it, connect
@@ -74,7 +74,7 @@ def claim_attempt(db: Database, job_id: str, now: datetime) -> int | None:
 
 @dataclass(frozen=True)
 class Settled:
-    status: str  # "delivered" | "retrying" | "failed"
+    status: WebhookStatus  # delivered | retrying | failed
     next_at: datetime | None  # when the next attempt is due, while retrying
 
 
@@ -87,11 +87,11 @@ def settle_attempt(
     attempt another deliverer has since claimed leaves the row to that one.
     """
     if ok:
-        status, next_at = "delivered", None
+        status, next_at = WebhookStatus.DELIVERED, None
     elif attempt >= MAX_ATTEMPTS:
-        status, next_at = "failed", None
+        status, next_at = WebhookStatus.FAILED, None
     else:
-        status, next_at = "retrying", now + backoff(attempt)
+        status, next_at = WebhookStatus.RETRYING, now + backoff(attempt)
     with db.session() as s:
         moved = rows_changed(
             s,
@@ -101,6 +101,6 @@ def settle_attempt(
                 Job.webhook_attempts == attempt,
                 Job.webhook_status.in_(OPEN_STATES),
             )
-            .values(webhook_status=status, webhook_next_at=next_at),
+            .values(webhook_status=status.value, webhook_next_at=next_at),
         )
     return Settled(status, next_at) if moved else None
