@@ -391,6 +391,15 @@ def load_settings(
             if not any(f"duplicate profile name {name!r}" in f for f in found):
                 found.append(f"profiles: duplicate profile name {name!r}")
         raise ConfigError(problems + found) from None
+    if settings.redis.sentinels and is_tls(settings.redis_url):
+        # Sentinel hands out the primary as a plain address, and every client built from it
+        # (app/redis_primary.py, kombu's sentinel:// transport, the workers' sentinel:// URL)
+        # talks plain TCP: refused rather than rediss:// dropped without a word.
+        problems.append(
+            "redis_url: TLS (rediss://) is not supported together with redis.sentinels; keep "
+            "Sentinel and the broker on a private network (cloud workers can still be given "
+            "a TLS broker of their own with worker_broker_url)"
+        )
     if problems:
         raise ConfigError(problems)
     return settings

@@ -32,13 +32,9 @@ def _database(url: str) -> int:
 def redis_client(
     settings: Settings, *, socket_timeout: float = 5.0, socket_connect_timeout: float = 2.0
 ) -> redis.Redis:
-    """A client for the app's own keys; with Sentinel it follows the primary on failover."""
-    if not settings.redis.sentinels:
-        return redis.Redis.from_url(
-            settings.redis_url,
-            socket_timeout=socket_timeout,
-            socket_connect_timeout=socket_connect_timeout,
-        )
+    """A client for the app's own keys that follows the primary Sentinel names on failover
+    (app/broker.py builds the client without Sentinel). Plain TCP: `check_settings` refuses
+    rediss:// with Sentinel."""
     parts = urlsplit(settings.redis_url)
     timeouts = {"socket_timeout": socket_timeout, "socket_connect_timeout": socket_connect_timeout}
     sentinel = Sentinel(  # type: ignore[no-untyped-call]

@@ -96,6 +96,19 @@ def test_a_bad_sentinel_address_is_refused_with_its_value(entry: str) -> None:
     assert any("redis.sentinels" in p and "is not host:port" in p for p in caught.value.problems)
 
 
+def test_tls_with_sentinel_is_refused_not_silently_dropped() -> None:
+    # Every client built from Sentinel's answer talks plain TCP: a rediss:// URL beside
+    # sentinels would lose its TLS without a word, so the configuration is refused.
+    sentinels = {"MURMUR_REDIS_SENTINELS": "10.0.0.1:26379"}
+    with pytest.raises(ConfigError) as caught:
+        load_settings(env={**sentinels, "MURMUR_REDIS_URL": "rediss://:pw@ignored:6380/0"})
+    assert any(p.startswith("redis_url: TLS (rediss://) is not") for p in caught.value.problems)
+    assert "pw" not in str(caught.value.problems)
+    # A broker of the workers' own (worker_broker_url) is not reached through Sentinel.
+    worker = {**sentinels, "MURMUR_WORKER_BROKER_URL": "rediss://w:pw@broker.example:6380/0"}
+    assert load_settings(env=worker).worker_broker_url == worker["MURMUR_WORKER_BROKER_URL"]
+
+
 def test_workers_are_told_the_sentinels_and_the_master_name() -> None:
     env = {
         "MURMUR_REDIS_URL": "redis://127.0.0.1:6379/0",
