@@ -9,6 +9,9 @@ from __future__ import annotations
 import json
 import signal
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -155,7 +158,7 @@ def smoke_command(
     signal.signal(signal.SIGTERM, stop)
     try:
         results = smoke.run_smoke(svc, profiles, audio, timeout=timeout, max_eur=max_eur,
-                                  echo=click.echo)  # fmt: skip
+                                  echo=click.echo, shielded=_cleanup_shielded)  # fmt: skip
     except smoke.SmokeRefused as exc:
         click.echo(f"refused: {exc}", err=True)
         sys.exit(2)
@@ -170,3 +173,20 @@ def smoke_command(
         svc.db.dispose()
     click.echo(smoke.render(results))
     sys.exit(0 if all(r.ok for r in results) else 1)
+
+
+@contextmanager
+def _cleanup_shielded() -> Iterator[None]:
+    """A Ctrl-C during cleanup is answered with a note, not obeyed: it would leave servers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def note(signum: int, frame: object) -> None:
+        click.echo("cleaning up: deleting what the smoke test created (it stops by itself)")
+
+    previous = signal.signal(signal.SIGINT, note)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -15,13 +15,12 @@ mid-job, and the result says so.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import signal
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -32,6 +31,7 @@ from sqlalchemy import or_
 
 from app.celery_config import make_celery
 from app.config import Profile, Settings
+from app.errors import Refused
 from app.fleet import readiness
 from app.fleet.apply import Outcome, apply_plan
 from app.fleet.catalog import billed_seconds
@@ -40,9 +40,18 @@ from app.fleet.providers.base import ProviderError
 from app.fleet.rules import fleet_rules
 from app.fleet.snapshot import Snapshot
 from app.jobs.dispatch import send_dispatched
-from app.models import LIVE_WORKER_STATES, Job, JobStatus, Worker, WorkerState, new_id
+from app.jobs.service import cancel_job
+from app.models import (
+    FINISHED_STATES,
+    LIVE_WORKER_STATES,
+    Job,
+    JobStatus,
+    Worker,
+    WorkerState,
+    new_id,
+)
 from app.services import Services, build_services
-from app.transitions import move_job, move_worker
+from app.transitions import move_worker
 from gpu_worker.protocol.readiness import ReadinessRuntime
 
 log = logging.getLogger("murmur.fleet.smoke")
@@ -50,7 +59,6 @@ log = logging.getLogger("murmur.fleet.smoke")
 SMOKE_OWNER = "murmur-smoke"
 # The lifecycle the smoke test reports, in order: (label, worker/job timestamp).
 PHASES = ("created", "booted", "ready", "transcribed", "deleted")
-_FINISHED = (JobStatus.SUCCEEDED.value, JobStatus.FAILED.value, JobStatus.CANCELLED.value)
 
 
 class SmokeRefused(Exception):
@@ -102,8 +110,10 @@ def run_smoke(
     teardown_timeout: float = 300.0,
     poll: float = 1.0,
     echo: Callable[[str], None] = print,
+    shielded: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext,
 ) -> list[SmokeResult]:
-    """Provision, transcribe, tear down; one result per profile. Cleans up on every exit."""
+    """Provision, transcribe, tear down; one result per profile. Cleans up on every exit, each
+    clean-up inside `shielded()` (the CLI's guard against a second Ctrl-C)."""
     worst = worst_case_eur(profiles, timeout + teardown_timeout)
     if worst > max_eur:
         raise SmokeRefused(
@@ -116,14 +126,14 @@ def run_smoke(
             _start(svc, result, audio, echo)
         _wait(svc, results, time.monotonic() + timeout, poll)
     except KeyboardInterrupt:
-        with _cleanup_shielded(echo):
+        with shielded():
             _finish(svc, results, time.monotonic() + teardown_timeout, poll, echo)
         raise SmokeInterrupted(results) from None
     except BaseException:
-        with _cleanup_shielded(echo):
+        with shielded():
             _finish(svc, results, time.monotonic() + teardown_timeout, poll, echo)
         raise
-    with _cleanup_shielded(echo):
+    with shielded():
         _finish(svc, results, time.monotonic() + teardown_timeout, poll, echo)
     return results
 
@@ -194,7 +204,7 @@ def _wait(svc: Services, results: list[SmokeResult], deadline: float, poll: floa
                 worker_error = worker.error if worker is not None else None
             if status == JobStatus.SUCCEEDED.value:
                 result.transcript = str(text)
-            elif status in _FINISHED:
+            elif status in FINISHED_STATES:
                 result.problems.append(f"job {status}")
             elif worker_state in (WorkerState.FAILED.value, WorkerState.DELETING.value):
                 result.problems.append(f"worker {worker_state}: {worker_error or 'no reason'}")
@@ -328,16 +338,8 @@ def _sweep(svc: Services, results: list[SmokeResult], deadline: float, poll: flo
 
 
 def _cancel(svc: Services, job_id: str) -> None:
-    with svc.db.session() as s:
-        move_job(
-            s,
-            job_id,
-            [status for status in JobStatus if not status.finished],
-            JobStatus.CANCELLED,
-            finished_at=svc.clock(),
-            error_code="cancelled",
-            error_message="cancelled by murmur smoke",
-        )
+    with contextlib.suppress(Refused):  # it finished meanwhile: nothing to cancel
+        cancel_job(svc.db, job_id, SMOKE_OWNER, now=svc.clock(), by="murmur smoke")
 
 
 def _runtime_problems(profile: Profile, stored: dict[str, Any]) -> list[str]:
@@ -391,23 +393,6 @@ def _read_back(svc: Services, result: SmokeResult) -> None:
                 result.left.append(f"instance {instance.instance_id}")
     except ProviderError as exc:
         result.left.append(f"unconfirmed: {exc.reason}")
-
-
-@contextmanager
-def _cleanup_shielded(echo: Callable[[str], None]) -> Iterator[None]:
-    """A Ctrl-C during cleanup is answered with a note, not obeyed: it would leave servers."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def note(signum: int, frame: object) -> None:
-        echo("cleaning up: deleting what the smoke test created (it stops by itself)")
-
-    previous = signal.signal(signal.SIGINT, note)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def render(results: list[SmokeResult]) -> str:

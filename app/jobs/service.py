@@ -267,7 +267,10 @@ def _finish(db: Database, job_id: str, worker_id: str, to: JobStatus, **values: 
         return _update_held_job(s, job_id, worker_id, to, **values)
 
 
-def cancel_job(db: Database, job_id: str, owner: str, *, now: datetime) -> Job:
+def cancel_job(
+    db: Database, job_id: str, owner: str, *, now: datetime, by: str = "the client"
+) -> Job:
+    """Cancel the owner's job unless it has finished (`job_finished`); `by` names who did."""
     job = get_job(db, job_id, owner)
     cancellable = (JobStatus.QUEUED.value, *ACTIVE_STATES)
     done = _transition(
@@ -277,7 +280,7 @@ def cancel_job(db: Database, job_id: str, owner: str, *, now: datetime) -> Job:
         JobStatus.CANCELLED,
         finished_at=now,
         error_code="cancelled",
-        error_message="cancelled by the client",
+        error_message=f"cancelled by {by}",
     )
     if not done:
         job = get_job(db, job_id, owner)
