@@ -39,6 +39,7 @@ from app.fleet.planner import (
 )
 from app.fleet.providers.base import (
     Instance,
+    InstanceState,
     OutOfStock,
     ProviderError,
     Teardown,
@@ -404,10 +405,10 @@ def _created(svc: Services, profile: Profile, worker_id: str, instance: Instance
             s, worker_id, [WorkerState.REQUESTED, WorkerState.CREATING], WorkerState.BOOTING
         )
         values: dict[str, Any] = {"resources": dict(instance.resources)}
-        if instance.state == "starting":  # the create's own look after power-on saw it
+        if instance.state == InstanceState.STARTING:  # the create's own look after power-on saw it
             values["resources"][SEEN_STARTING_AT] = now.isoformat()
         s.execute(update(Worker).where(Worker.id == worker_id).values(**values))
-        if instance.state == "running":
+        if instance.state == InstanceState.RUNNING:
             s.execute(
                 update(Worker)
                 .where(Worker.id == worker_id, Worker.booted_at.is_(None))

@@ -11,6 +11,7 @@ import pytest
 from app.config import Profile, Settings
 from app.fleet.cloudinit import USER_DATA_LIMIT_BYTES, render_user_data, worker_environment
 from app.fleet.providers.base import (
+    InstanceState,
     InvalidArgument,
     OutOfStock,
     PermissionDenied,
@@ -166,6 +167,27 @@ def test_listing_pages_through_every_server(
     assert len(pages) == 3 + 1  # fr-par-1 (one empty page) + fr-par-2 (100, 5, empty)
     assert {i.profile for i in listed} == {"l4-par2"}
     assert all(i.worker_id and i.worker_id.startswith("wrk_") for i in listed)
+
+
+def test_states_are_read_as_instance_states(
+    emulator: InstanceEmulator, settings: Settings, provider: ScalewayProvider
+) -> None:
+    """Both spellings of `stopped in place` are one state; a word no provider is known to use
+    passes through as it was said."""
+    instance = provider.create(l4(settings), "wrk_test", lambda i, r: {})
+    assert instance.state is InstanceState.STARTING
+    for said, read in [
+        ("stopped_in_place", InstanceState.STOPPED_IN_PLACE),  # the Python SDK's enum
+        ("stopped in place", InstanceState.STOPPED_IN_PLACE),  # the API's own word
+        ("locked", InstanceState.LOCKED),
+    ]:
+        emulator.set_state(instance.instance_id, said)
+        got = provider.get(instance.instance_id, instance.resources)
+        assert got is not None and got.state is read
+    emulator.set_state(instance.instance_id, "rescuing")
+    got = provider.get(instance.instance_id, instance.resources)
+    assert got is not None and got.state == "rescuing"
+    assert not isinstance(got.state, InstanceState)
 
 
 def test_availability_is_a_hint(

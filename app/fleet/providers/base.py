@@ -3,7 +3,9 @@
 A provider creates a tagged instance for a worker, reads it back, lists what it owns by tag,
 tears an instance down completely (server, IPs, volumes) and gives a stock hint. Errors are
 typed so the fleet can tell capacity (fall back to the next profile) from everything else
-(stop and report). Every call the fleet makes is bounded in time.
+(stop and report). Every call the fleet makes is bounded in time. Instance states are compared
+as `InstanceState` members, never as bare strings; a word no provider is known to use passes
+through unchanged.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, ClassVar, Protocol, TypeVar
 
 from app.config import Profile
@@ -38,12 +41,52 @@ def tag_value(tags: list[str] | tuple[str, ...], prefix: str) -> str | None:
     return None
 
 
+class InstanceState(StrEnum):
+    """The states providers report for an instance (Scaleway's `state`; local and fake use
+    `running` and `stopped`)."""
+
+    RUNNING = "running"
+    STARTING = "starting"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    # The API's (and Go SDK's) spelling; the Python SDK's enum says "stopped_in_place", and
+    # both are accepted (see `_missing_`).
+    STOPPED_IN_PLACE = "stopped in place"
+    LOCKED = "locked"
+    # Not a provider word: the create's own look after power-on failed, so nothing is known.
+    UNKNOWN = "unknown"
+
+    @classmethod
+    def _missing_(cls, value: object) -> InstanceState | None:
+        return cls.STOPPED_IN_PLACE if value == "stopped_in_place" else None
+
+    @classmethod
+    def of(cls, word: object) -> InstanceState | str:
+        """The member a provider's word names (either spelling of `stopped in place`), or the
+        word itself when no provider is known to use it."""
+        text = str(word)
+        try:
+            return cls(text)
+        except ValueError:
+            return text
+
+
+# Powered off: DELETE-able (`stopped`) or stopped with its node kept (`stopped in place`).
+STOPPED_STATES = frozenset({InstanceState.STOPPED, InstanceState.STOPPED_IN_PLACE})
+
+
+def is_stopped(state: str) -> bool:
+    """Whether a provider state means powered off, in either spelling of `stopped in place`."""
+    return InstanceState.of(state) in STOPPED_STATES
+
+
 @dataclass(frozen=True)
 class Instance:
     """An instance as the provider reports it; `resources` is what teardown must remove."""
 
     instance_id: str
-    state: str  # starting | running | stopping | stopped | ... (the provider's words)
+    # An `InstanceState` member, or the provider's own word when it is none of them.
+    state: str
     worker_id: str | None = None
     profile: str | None = None
     resources: Mapping[str, Any] = field(default_factory=dict)

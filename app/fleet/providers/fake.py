@@ -27,7 +27,14 @@ from dataclasses import replace
 from typing import Any
 
 from app.config import Profile
-from app.fleet.providers.base import Bind, Instance, OutOfStock, ProviderError, Teardown
+from app.fleet.providers.base import (
+    Bind,
+    Instance,
+    InstanceState,
+    OutOfStock,
+    ProviderError,
+    Teardown,
+)
 
 
 class FakeProvider:
@@ -54,7 +61,7 @@ class FakeProvider:
         """The instance stopped on its own (a crash, a host failure)."""
         with self._lock:
             self.instances[instance_id] = replace(
-                self.instances[instance_id], state="stopped", detail=detail
+                self.instances[instance_id], state=InstanceState.STOPPED, detail=detail
             )
 
     def targets(self, operation: str) -> list[str]:
@@ -83,7 +90,7 @@ class FakeProvider:
         instance_id = f"{self.name}-{next(self._ids):04d}"
         resources: Mapping[str, Any] = {"zone": profile.zone}
         bind(instance_id, resources)
-        instance = Instance(instance_id, "running", worker_id, profile.name, resources)
+        instance = Instance(instance_id, InstanceState.RUNNING, worker_id, profile.name, resources)
         with self._lock:
             self.instances[instance_id] = instance
         return instance

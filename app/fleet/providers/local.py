@@ -25,7 +25,14 @@ from typing import Any
 import psutil
 
 from app.config import Profile, Settings
-from app.fleet.providers.base import Bind, Instance, OutOfStock, ProviderUnavailable, Teardown
+from app.fleet.providers.base import (
+    Bind,
+    Instance,
+    InstanceState,
+    OutOfStock,
+    ProviderUnavailable,
+    Teardown,
+)
 
 log = logging.getLogger("murmur.fleet.local")
 
@@ -147,7 +154,7 @@ class LocalProvider:
     def _instance(self, record: Mapping[str, Any]) -> Instance:
         return Instance(
             instance_id=record["instance_id"],
-            state="running" if self._alive(record) else "stopped",
+            state=InstanceState.RUNNING if self._alive(record) else InstanceState.STOPPED,
             worker_id=record.get("worker_id"),
             profile=record.get("profile"),
             resources={"worker_id": record.get("worker_id")},
@@ -201,7 +208,7 @@ class LocalProvider:
             profile.name,
             proc.pid,
         )
-        return Instance(instance_id, "running", worker_id, profile.name, resources)
+        return Instance(instance_id, InstanceState.RUNNING, worker_id, profile.name, resources)
 
     def get(self, instance_id: str, resources: Mapping[str, Any]) -> Instance | None:
         record = self._read(instance_id)

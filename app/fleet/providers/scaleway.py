@@ -25,13 +25,14 @@ from scaleway.instance.v1.custom_api import InstanceUtilsV1API
 
 from app.config import Profile, Settings
 from app.fleet.cloudinit import render_user_data
-from app.fleet.planner import STOPPED_STATES, stock_detail
+from app.fleet.planner import stock_detail
 from app.fleet.providers.base import (
     FLEET_TAG,
     PROFILE_TAG,
     WORKER_TAG,
     Bind,
     Instance,
+    InstanceState,
     InvalidArgument,
     OutOfStock,
     PermissionDenied,
@@ -41,6 +42,7 @@ from app.fleet.providers.base import (
     QuotaExceeded,
     Teardown,
     bounded,
+    is_stopped,
     tag_value,
     worker_tags,
 )
@@ -206,16 +208,17 @@ def teardown_step(state: str, allowed: Collection[str]) -> str:
     A listed action wins over the per-state default, so an API that allows more still gets a
     step that works.
     """
-    if state == "stopped":
+    known = InstanceState.of(state)
+    if known == InstanceState.STOPPED:
         return DELETE
-    if state in ("stopping", "locked"):
+    if known in (InstanceState.STOPPING, InstanceState.LOCKED):
         return WAIT
     for action in _PREFERRED:
         if action in allowed:
             return action
-    if state in ("running", "stopped in place", "stopped_in_place"):
+    if known in (InstanceState.RUNNING, InstanceState.STOPPED_IN_PLACE):
         return TERMINATE
-    if state == "starting":
+    if known == InstanceState.STARTING:
         return STOP_IN_PLACE
     return WAIT
 
@@ -295,7 +298,7 @@ class ScalewayProvider:
         worker_id = tag_value(tags, WORKER_TAG)
         return Instance(
             instance_id=server.id,
-            state=str(server.state),
+            state=InstanceState.of(server.state),
             worker_id=worker_id,
             profile=tag_value(tags, PROFILE_TAG),
             resources=self._resources(server, zone, worker_id),
@@ -374,12 +377,13 @@ class ScalewayProvider:
         # Right after the 202 the API may still show `stopped` with nothing said: that server
         # is on its way up, not out of stock (app.fleet.planner waits for `starting` or a
         # stock detail). A failed look reports "unknown", never an assumed `starting`.
-        state, detail = "unknown", ""
+        state: str = InstanceState.UNKNOWN
+        detail = ""
         with contextlib.suppress(ProviderError):
             after = self._get_server(server.id, zone)
             if after is not None:
-                state, detail = str(after.state), str(after.state_detail or "")
-        if state in STOPPED_STATES and stock_detail(detail):
+                state, detail = InstanceState.of(after.state), str(after.state_detail or "")
+        if is_stopped(state) and stock_detail(detail):
             error = OutOfStock(
                 redact_detail(
                     f"server_action poweron: accepted, then the server fell back to {state}"
