@@ -86,6 +86,8 @@ class Fault:
     kind: str  # out_of_stock | quota | permission | server_error | bad_gateway | empty_5xx
     #            rate_limited (429 JSON) | rate_limited_html (a proxy's 429)
     #            invalid | image_not_found | slow | never_start | attach_flexible_ip
+    #            validation (legacy 400 "Validation Error" with `fields`)
+    #            validation_without_fields (the same without `fields`: the SDK's KeyError)
     #            stock_after_poweron (accepted, then back to stopped: "out of stock")
     #            lagging_poweron (accepted; reads still show `stopped`, nothing said, for
     #            boot_observations reads, then `starting`, then `running`)
@@ -136,6 +138,20 @@ _ERRORS: dict[str, tuple[int, dict[str, Any]]] = {
             "message": "invalid argument(s)",
             "details": [{"argument_name": "image", "reason": "constraint", "help_message": "bad"}],
         },
+    ),
+    # The legacy Instance form of bad arguments (reference: "Validation Error" + `fields`).
+    "validation": (
+        400,
+        {
+            "type": "invalid_request_error",
+            "message": "Validation Error",
+            "fields": {"commercial_type": ["unknown server type"]},
+        },
+    ),
+    # The same without `fields`: the SDK's `_throw_on_error` reads data["fields"] regardless.
+    "validation_without_fields": (
+        400,
+        {"type": "invalid_request_error", "message": "Validation Error"},
     ),
     "image_not_found": (
         400,

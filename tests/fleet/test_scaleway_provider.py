@@ -63,6 +63,10 @@ ERRORS = [
     ("rate_limited", ProviderUnavailable),
     ("rate_limited_html", ProviderUnavailable),
     ("invalid", InvalidArgument),
+    ("validation", InvalidArgument),
+    # "Validation Error" without `fields` makes the SDK raise KeyError instead of its own error:
+    # still the API refusing the arguments, never an outage.
+    ("validation_without_fields", InvalidArgument),
 ]
 
 

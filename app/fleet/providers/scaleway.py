@@ -107,6 +107,22 @@ def _response_of(exc: BaseException) -> requests.Response | None:
     return found
 
 
+def _unraised_error(exc: BaseException) -> ScalewayException | None:
+    """The API error the SDK failed to raise: for a body whose message is "Validation Error"
+    `_throw_on_error` reads `data["fields"]` unguarded, so one without `fields` escapes as a
+    KeyError. The response is still in that frame; only a KeyError raised there qualifies."""
+    if not isinstance(exc, KeyError):
+        return None
+    tb = exc.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        res = frame.f_locals.get("res")
+        if frame.f_code.co_name == "_throw_on_error" and isinstance(res, requests.Response):
+            return ScalewayException(res)
+        tb = tb.tb_next
+    return None
+
+
 def _explain(body: dict[str, Any]) -> str:
     """What the API says beyond its message: invalid arguments, quotas, permissions, fields."""
     parts: list[str] = []
@@ -153,6 +169,7 @@ def classify(exc: BaseException, what: str, secrets: Collection[str] = ()) -> Pr
         return ProviderTimeout(f"{what}: the API did not answer in time")
     if isinstance(exc, requests.exceptions.RequestException):
         return ProviderUnavailable(f"{what}: cannot reach the API ({type(exc).__name__})")
+    exc = _unraised_error(exc) or exc
     if not isinstance(exc, ScalewayException):
         return ProviderUnavailable(f"{what}: unexpected failure ({type(exc).__name__})")
     status = exc.response.status_code
