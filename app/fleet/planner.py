@@ -671,13 +671,18 @@ def _retire_unneeded_boots(r: _Round, t: _Tally, usable: bool) -> None:
 
 
 def _orphans(state: FleetState) -> list[Action]:
-    """6. Instances nobody owns: unknown worker, or a worker that no longer claims them."""
+    """6. Instances nobody owns: unknown worker, or a worker that no longer claims them.
+
+    Only an instance that names its worker (providers list only those) can be an orphan: one
+    without a worker id was not made by the fleet, and is never deleted.
+    """
     owned = {(w.provider, w.instance_id) for w in state.workers if w.instance_id}
     starting = {w.id for w in state.workers if w.state in _STARTING and w.instance_id is None}
     return [
         DeleteOrphan(i.provider, i.instance_id, i.worker_id, i.profile)
         for i in state.inventory
-        if i.provider in state.inventory_known
+        if i.worker_id
+        and i.provider in state.inventory_known
         and (i.provider, i.instance_id) not in owned
         and i.worker_id not in starting
     ]

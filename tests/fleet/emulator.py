@@ -5,7 +5,8 @@ The real `scaleway` SDK talks to it over HTTP. Shapes follow the real API (docs/
 `terminate` goes through `stopping` and then the server is gone, its Block volumes detached
 (`available`) and its flexible IPs detached but kept; a stopped server is removed by DELETE.
 Lists page with `page`/`per_page` and answer an empty page past the end (the SDK's `*_all`
-stops only there).
+stops only there). `list_tag_filter = False` makes the server list ignore its `tags` filter
+(what the real filter matches is not confirmed), so foreign servers come back in it.
 
 State changes are counted in observations (reads of the server), not in seconds, so tests are
 deterministic. Faults are injected per operation, zone and commercial type: out of stock,
@@ -202,6 +203,8 @@ class InstanceEmulator:
         self.boot_observations = boot_observations
         self.stop_observations = stop_observations
         self.page_size = page_size
+        # False: GET /servers ignores `tags=` and lists every server of the zone and project.
+        self.list_tag_filter = True
         self.lock = threading.RLock()
         self.servers: dict[str, _Server] = {}
         self.ips: dict[str, dict[str, Any]] = {}
@@ -498,7 +501,7 @@ class InstanceEmulator:
                 s.data
                 for s in sorted(self.servers.values(), key=lambda s: s.seq)
                 if s.data["zone"] == zone
-                and all(t in s.data["tags"] for t in wanted)
+                and (not self.list_tag_filter or all(t in s.data["tags"] for t in wanted))
                 and (project is None or s.data["project"] == project)
             ]
             page, headers = self._page(request, items)

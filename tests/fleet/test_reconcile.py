@@ -16,7 +16,15 @@ from app.fleet.service import read_plan
 from app.models import Job, JobStatus, Worker, WorkerState
 from app.observability.store import FRESHNESS_KEY, PROVISION_ATTEMPTS_KEY, snapshot_key
 from tests.conftest import T0
-from tests.fleet.conftest import L4, P100, SIGNING_KEY, Fleet, MakeFleet
+from tests.fleet.conftest import (
+    FOREIGN_TAGS,
+    L4,
+    P100,
+    SIGNING_KEY,
+    Fleet,
+    MakeFleet,
+    foreign_server,
+)
 
 LIVE = (
     WorkerState.REQUESTED.value,
@@ -523,6 +531,34 @@ def test_orphan_instances_are_deleted(make_fleet: MakeFleet) -> None:
     assert fleet.emulator.inventory() == {"servers": 0, "ips": 0, "volumes": 0}
     (adopted,) = fleet.workers()
     assert adopted.id == "wrk_from_a_lost_database" and adopted.delete_reason == "orphan"
+
+
+@pytest.mark.parametrize("tag_filter", [True, False], ids=["filtered", "filter-ignored"])
+def test_servers_the_fleet_did_not_make_are_never_deleted(
+    make_fleet: MakeFleet, tag_filter: bool
+) -> None:
+    """Whatever the listing returns, only servers whose own tags carry the fleet tag and a
+    worker id are swept; a real orphan next to them still goes."""
+    fleet = make_fleet()
+    assert fleet.emulator is not None
+    fleet.emulator.list_tag_filter = tag_filter
+    foreign = {
+        foreign_server(fleet.emulator, zone, tags)
+        for zone in ("fr-par-2", "fr-par-1")
+        for tags in FOREIGN_TAGS
+    }
+    provider = fleet.svc.providers["scaleway"]
+    lost = provider.create(fleet.svc.settings.profile("l4-par2"), "wrk_lost", lambda i, r: {})
+
+    fleet.reconcile()
+    settle_teardown(fleet)
+    fleet.reconcile(advance=61)
+
+    assert lost.instance_id not in fleet.emulator.servers
+    assert foreign <= set(fleet.emulator.servers)
+    touched = [e for e in fleet.emulator.events if e[2] in foreign]
+    assert {op for op, _, _ in touched} == {"create", "poweron"}
+    assert not [w for w in fleet.workers() if w.instance_id in foreign]
 
 
 def test_instance_of_a_deleted_worker_is_an_orphan(make_fleet: MakeFleet) -> None:

@@ -23,7 +23,7 @@ from app.fleet.providers.base import (
 )
 from app.fleet.providers.scaleway import ScalewayProvider
 from app.observability import PROVISION_OUTCOMES
-from tests.fleet.conftest import L4, P100, fleet_settings
+from tests.fleet.conftest import FOREIGN_TAGS, L4, P100, fleet_settings, foreign_server
 from tests.fleet.emulator import InstanceEmulator
 
 
@@ -192,6 +192,18 @@ def test_states_are_read_as_instance_states(
     got = provider.get(instance.instance_id, instance.resources)
     assert got is not None and got.state == "rescuing"
     assert not isinstance(got.state, InstanceState)
+
+
+@pytest.mark.parametrize("tag_filter", [True, False], ids=["filtered", "filter-ignored"])
+def test_listing_keeps_only_fleet_workers_whatever_the_filter_returns(
+    emulator: InstanceEmulator, settings: Settings, provider: ScalewayProvider, tag_filter: bool
+) -> None:
+    emulator.list_tag_filter = tag_filter
+    for tags in FOREIGN_TAGS:
+        foreign_server(emulator, "fr-par-2", tags)
+    ours = provider.create(l4(settings), "wrk_ours", lambda i, r: {})
+    listed = provider.list_by_tag(frozenset({"fr-par-2"}))
+    assert [(i.instance_id, i.worker_id) for i in listed] == [(ours.instance_id, "wrk_ours")]
 
 
 def test_availability_is_a_hint(

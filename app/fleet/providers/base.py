@@ -20,7 +20,8 @@ from app.config import Profile
 
 T = TypeVar("T")
 
-# Tags every provider puts on a worker instance; `list_by_tag` finds instances by the first.
+# Tags every provider puts on a worker instance; `list_by_tag` finds instances by the first and
+# keeps only those whose own tags carry both the first and a worker id (`is_fleet_worker`).
 FLEET_TAG = "murmur"
 WORKER_TAG = "murmur-worker="
 PROFILE_TAG = "murmur-profile="
@@ -39,6 +40,13 @@ def tag_value(tags: list[str] | tuple[str, ...], prefix: str) -> str | None:
         if tag.startswith(prefix):
             return tag[len(prefix) :]
     return None
+
+
+def is_fleet_worker(tags: list[str] | tuple[str, ...]) -> bool:
+    """Whether an instance's own tags say the fleet made it for a worker: the fleet tag itself
+    and a non-empty worker id. A provider's tag filter is not taken on trust (what the real
+    one matches is not confirmed), so nothing else is ever listed, adopted or deleted."""
+    return FLEET_TAG in tags and bool(tag_value(tags, WORKER_TAG))
 
 
 class InstanceState(StrEnum):
@@ -175,7 +183,8 @@ class Provider(Protocol):
         ...
 
     def list_by_tag(self, scopes: frozenset[str]) -> list[Instance]:
-        """Every instance carrying the fleet tag (in these zones, where zones exist)."""
+        """Every instance whose own tags pass `is_fleet_worker` (in these zones, where zones
+        exist); whatever else the provider's listing returns is left out."""
         ...
 
     def delete(self, instance_id: str, resources: Mapping[str, Any]) -> Teardown:

@@ -42,6 +42,7 @@ from app.fleet.providers.base import (
     QuotaExceeded,
     Teardown,
     bounded,
+    is_fleet_worker,
     is_stopped,
     tag_value,
     worker_tags,
@@ -439,7 +440,11 @@ class ScalewayProvider:
                     zone=zone, tags=[FLEET_TAG], project=self._project or None, per_page=_PAGE
                 ),
             )
-            found.extend(self._instance_of(s, zone) for s in servers)
+            # Checked on each server's own tags: the `tags` filter narrows the listing, but what
+            # it matches at Scaleway is not confirmed, and whatever this returns may be deleted.
+            found.extend(
+                self._instance_of(s, zone) for s in servers if is_fleet_worker(list(s.tags or []))
+            )
         return found
 
     def availability(self, profile: Profile) -> str | None:
