@@ -24,6 +24,9 @@ An optional `host` plays what runs on a server: told at an accepted `poweron` (w
 server's user data) and when the server is asked to stop (`terminate`, `poweroff`,
 `stop_in_place`, DELETE), so a test can run a real worker from the rendered cloud-init.
 
+A Block volume may stay `deleting` for a while after its DELETE (the Block API's VolumeStatus
+has that state): `volume_deleting_reads = N` shows it so for N reads, then it is gone (404).
+
 Assumptions where the reference is silent: deleting a Block volume that is still attached
 answers 409 `precondition_failed`; a `stop_in_place` releases nothing (IPs stay attached);
 `terminate` deletes local (`l_ssd`) volumes, DELETE of a stopped server only detaches them
@@ -205,6 +208,9 @@ class InstanceEmulator:
         self.page_size = page_size
         # False: GET /servers ignores `tags=` and lists every server of the zone and project.
         self.list_tag_filter = True
+        # Reads a deleted Block volume still answers with status `deleting` before its 404.
+        self.volume_deleting_reads = 0
+        self._deleting: dict[str, int] = {}  # volume id -> `deleting` reads left
         self.lock = threading.RLock()
         self.servers: dict[str, _Server] = {}
         self.ips: dict[str, dict[str, Any]] = {}
@@ -942,6 +948,12 @@ class InstanceEmulator:
             return f
         with self.lock:
             vol = self.volumes.get(vid)
+            if vid in self._deleting and request.method == "GET":
+                if self._deleting[vid] <= 0:
+                    del self._deleting[vid], self.volumes[vid]
+                    vol = None
+                else:
+                    self._deleting[vid] -= 1
             if vol is None or vol["zone"] != zone or vol["status"] == "deleted":
                 return self._not_found(vid, "volume")
             if request.method == "DELETE":
@@ -953,7 +965,11 @@ class InstanceEmulator:
                         resource="volume",
                         resource_id=vid,
                     )
-                del self.volumes[vid]
                 self.events.append(("delete_volume", zone, vid))
+                if self.volume_deleting_reads > 0:
+                    vol.update(status="deleting", updated_at=_now())
+                    self._deleting[vid] = self.volume_deleting_reads
+                else:
+                    del self.volumes[vid]
                 return Response(status=204)
             return self._json(vol)

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import requests
 from scaleway import Client, ScalewayException
-from scaleway.block.v1 import BlockV1API
+from scaleway.block.v1 import BlockV1API, VolumeStatus
 from scaleway.instance.v1 import ServerAction, VolumeServerTemplate, VolumeVolumeType
 from scaleway.instance.v1.custom_api import InstanceUtilsV1API
 
@@ -56,7 +56,7 @@ T = TypeVar("T")
 # GPU types boot from Block Storage (L4/L40S/H100 accept no local volume); sizes are bytes.
 ROOT_VOLUME_BYTES = 50 * 10**9
 USER_DATA_KEY = "cloud-init"
-_GONE_VOLUME_STATES = frozenset({"deleted"})
+_GONE_VOLUME_STATES = frozenset({VolumeStatus.DELETED.value})
 _LOCAL_VOLUME_TYPES = frozenset({"l_ssd", "scratch"})
 _PAGE = 100
 
@@ -560,15 +560,20 @@ class ScalewayProvider:
         return None if status in _GONE_VOLUME_STATES else status
 
     def _delete_volume(self, volume_id: str, zone: str, deadline: float) -> bool:
-        """True once the volume is confirmed gone."""
+        """True once the volume is confirmed gone (a read answers 404, or `deleted`).
+
+        A volume `deleting` has had its DELETE accepted: it is not waited for here (that could
+        take the whole teardown wait, holding up the rest), only read again next round.
+        """
         status = self._volume_status(volume_id, zone)
-        while status is not None and status != "available" and time.monotonic() < deadline:
+        settled = (None, VolumeStatus.AVAILABLE.value, VolumeStatus.DELETING.value)
+        while status not in settled and time.monotonic() < deadline:
             time.sleep(self._poll)  # detaching after the server went away
             status = self._volume_status(volume_id, zone)
         if status is None:
             return True
-        if status != "available":
-            return False
+        if status != VolumeStatus.AVAILABLE.value:
+            return False  # still detaching, or deleting: the next round reads it again
         with contextlib.suppress(_NotFound, _Busy):
             self._call(
                 "block delete_volume",
