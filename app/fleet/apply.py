@@ -489,15 +489,29 @@ def _stocked_out(svc: Services, profile: Profile, exc: ProviderError) -> None:
     )
 
 
+def _hold_seconds(fleet: FleetSettings, exc: ProviderError, in_a_row: int) -> float:
+    """How long a profile is held after `exc`, the `in_a_row`-th error in a row.
+
+    The provider's own Retry-After wins (capped like every hold); otherwise the hold doubles
+    with each error in a row, so an error an operator must fix is not retried every few seconds
+    all night.
+    """
+    if exc.retry_after is not None:
+        return min(exc.retry_after, fleet.backoff_max_seconds)
+    return _backoff_seconds(fleet, in_a_row)
+
+
 def _hold(svc: Services, profile: Profile, exc: ProviderError) -> None:
     fleet = svc.settings.fleet
     now = svc.clock()
     with svc.db.session() as s:
         state = _profile_state(s, profile.name)
-        state.consecutive_errors = (state.consecutive_errors or 0) + 1
-        # Doubles with each error in a row, capped like the stock-out back-off: an error an
-        # operator must fix is not retried every few seconds all night.
-        seconds = _backoff_seconds(fleet, state.consecutive_errors)
+        in_a_row = (state.consecutive_errors or 0) + 1
+        # A rate limit says nothing about the profile: it neither lengthens the next hold nor
+        # shows as one more error in a row.
+        if exc.counts_in_a_row:
+            state.consecutive_errors = in_a_row
+        seconds = _hold_seconds(fleet, exc, in_a_row)
         retry = now + timedelta(seconds=seconds)
         state.last_error = exc.reason
         state.last_error_at = now

@@ -101,6 +101,7 @@ class Fault:
     times: int | None = None  # None: every time
     delay: float = 0.0
     hits: int = 0
+    retry_after: str | None = None  # a Retry-After header on the error answer (a 429's)
 
     def matches(self, op: str, zone: str, ctype: str | None) -> bool:
         if self.times is not None and self.hits >= self.times:
@@ -259,8 +260,9 @@ class InstanceEmulator:
         commercial_type: str | None = None,
         times: int | None = None,
         delay: float = 0.0,
+        retry_after: str | None = None,
     ) -> Fault:
-        fault = Fault(op, kind, zone, commercial_type, times, delay)
+        fault = Fault(op, kind, zone, commercial_type, times, delay, retry_after=retry_after)
         with self.lock:
             self.faults.append(fault)
         return fault
@@ -396,6 +398,8 @@ class InstanceEmulator:
             elif f.kind in _ERRORS:
                 status, body = _ERRORS[f.kind]
                 answer = answer or self._json(body, status)
+            if isinstance(answer, Response) and f.retry_after is not None:
+                answer.headers["Retry-After"] = f.retry_after
             else:
                 answer = answer or f  # behaviour faults (never_start, attach_flexible_ip)
         return answer

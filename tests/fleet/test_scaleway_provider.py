@@ -19,6 +19,7 @@ from app.fleet.providers.base import (
     ProviderTimeout,
     ProviderUnavailable,
     QuotaExceeded,
+    RateLimited,
     bounded,
 )
 from app.fleet.providers.scaleway import ScalewayProvider
@@ -60,8 +61,8 @@ ERRORS = [
     ("bad_gateway", ProviderUnavailable),
     # A 429 is a rate limit wherever it comes from (JSON from the API or a proxy's HTML page):
     # retry later on the same profile, never an invalid argument.
-    ("rate_limited", ProviderUnavailable),
-    ("rate_limited_html", ProviderUnavailable),
+    ("rate_limited", RateLimited),
+    ("rate_limited_html", RateLimited),
     ("invalid", InvalidArgument),
     ("validation", InvalidArgument),
     # "Validation Error" without `fields` makes the SDK raise KeyError instead of its own error:
@@ -87,6 +88,33 @@ def test_create_errors_are_typed(
     assert emulator.inventory() == {"servers": 0, "ips": 0, "volumes": 0}
 
 
+@pytest.mark.parametrize(
+    ("kind", "header", "seconds"),
+    [
+        ("rate_limited", "30", 30.0),
+        ("rate_limited", "2.5", 2.5),
+        ("rate_limited_html", "7", 7.0),  # a proxy's 429 page may say it too
+        ("rate_limited", None, None),
+        ("rate_limited", "Wed, 21 Oct 2015 07:28:00 GMT", None),  # a date: not read
+        ("rate_limited", "-5", None),
+    ],
+)
+def test_a_rate_limit_carries_its_retry_after(
+    emulator: InstanceEmulator,
+    settings: Settings,
+    provider: ScalewayProvider,
+    kind: str,
+    header: str | None,
+    seconds: float | None,
+) -> None:
+    emulator.inject("create", kind, retry_after=header)
+    with pytest.raises(RateLimited) as caught:
+        provider.create(l4(settings), "wrk_test", bind(settings, l4(settings)))
+    assert caught.value.retry_after == seconds
+    assert not caught.value.counts_in_a_row and not caught.value.allows_fallback
+    assert "HTTP 429" in caught.value.reason
+
+
 def test_only_out_of_stock_allows_fallback() -> None:
     assert OutOfStock("x").allows_fallback
     assert not any(e("x").allows_fallback for _, e in ERRORS if e is not OutOfStock)
@@ -98,7 +126,9 @@ def test_every_provider_error_is_counted_under_its_own_outcome() -> None:
     assert {e.outcome for e in everything} <= set(PROVISION_OUTCOMES)
     # The public taxonomy (internal helpers such as a 404 while reading back count as "error").
     kinds = [e for e in everything if e.__module__ == ProviderError.__module__]
-    assert {e for _, e in ERRORS} <= set(kinds)
+    # A rate limit is the API unavailable to us for a while: counted so, held its own way.
+    assert RateLimited.outcome == ProviderUnavailable.outcome
+    assert {e for _, e in ERRORS} - {RateLimited} <= set(kinds)
     outcomes = [e.outcome for e in kinds]
     assert len(set(outcomes)) == len(kinds)
     assert set(outcomes) | {"succeeded", ProviderError.outcome} == set(PROVISION_OUTCOMES)

@@ -150,10 +150,18 @@ DETAILS = [
     ("permission", PermissionDenied, "HTTP 403", "create on instance_server"),
     ("bad_gateway", ProviderUnavailable, "HTTP 502", "non-JSON body (text/html)"),
     ("empty_5xx", ProviderUnavailable, "HTTP 503", "empty body"),
-    ("validation", InvalidArgument, "HTTP 400 invalid_request_error Validation Error",
-     "commercial_type: unknown server type"),  # fmt: skip
-    ("validation_without_fields", InvalidArgument, "HTTP 400 invalid_request_error",
-     "Validation Error"),  # fmt: skip
+    (
+        "validation",
+        InvalidArgument,
+        "HTTP 400 invalid_request_error Validation Error",
+        "commercial_type: unknown server type",
+    ),
+    (
+        "validation_without_fields",
+        InvalidArgument,
+        "HTTP 400 invalid_request_error",
+        "Validation Error",
+    ),
 ]
 
 

@@ -117,13 +117,16 @@ class ProviderError(Exception):
     """A provider call failed; `reason` is safe to show to operators.
 
     Each kind says how the fleet counts it (`outcome`, one of
-    app.observability.PROVISION_OUTCOMES) and whether it moves demand on to the next profile
+    app.observability.PROVISION_OUTCOMES), whether it moves demand on to the next profile
     (`allows_fallback`: only out-of-stock does; any other error holds the profile instead,
-    docs/fleet.md "Fallback happens on capacity only").
+    docs/fleet.md "Fallback happens on capacity only") and whether it is one more of the
+    profile's errors in a row (`counts_in_a_row`, which lengthen the hold). `retry_after` is the
+    provider's own word on when to try again (seconds), when it gave one.
     """
 
     outcome: ClassVar[str] = "error"
     allows_fallback: ClassVar[bool] = False
+    counts_in_a_row: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -131,9 +134,11 @@ class ProviderError(Exception):
         *,
         instance_id: str | None = None,
         resources: Mapping[str, Any] | None = None,
+        retry_after: float | None = None,
     ) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.retry_after = retry_after
         # Set when the failure left an instance behind that still has to be torn down.
         self.instance_id = instance_id
         self.resources: Mapping[str, Any] = resources or {}
@@ -165,6 +170,14 @@ class ProviderUnavailable(ProviderError):
     """5xx, unreadable answers, connection failures."""
 
     outcome = "provider_unavailable"
+
+
+class RateLimited(ProviderUnavailable):
+    """HTTP 429: the API asks to slow down, whatever the profile. Held like an outage (no
+    fallback), for `retry_after` when the API said it, and not counted as one of the profile's
+    errors in a row."""
+
+    counts_in_a_row = False
 
 
 class ProviderTimeout(ProviderError):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import re
 import time
 from collections.abc import Callable, Collection, Mapping
@@ -40,6 +41,7 @@ from app.fleet.providers.base import (
     ProviderTimeout,
     ProviderUnavailable,
     QuotaExceeded,
+    RateLimited,
     Teardown,
     bounded,
     is_fleet_worker,
@@ -108,6 +110,17 @@ def _response_of(exc: BaseException) -> requests.Response | None:
     return found
 
 
+def retry_after(res: requests.Response) -> float | None:
+    """The seconds a `Retry-After` header asks for, or None (absent, or an HTTP date, which
+    would need the API's clock to read)."""
+    raw = res.headers.get("retry-after", "").strip()
+    try:
+        seconds = float(raw)
+    except ValueError:
+        return None
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None
+
+
 def _unraised_error(exc: BaseException) -> ScalewayException | None:
     """The API error the SDK failed to raise: for a body whose message is "Validation Error"
     `_throw_on_error` reads `data["fields"]` unguarded, so one without `fields` escapes as a
@@ -163,7 +176,9 @@ def classify(exc: BaseException, what: str, secrets: Collection[str] = ()) -> Pr
         ctype = res.headers.get("content-type", "").split(";")[0] or "no content type"
         shape = f"non-JSON body ({ctype})" if res.content else "empty body"
         said = redact_detail(f"{what}: HTTP {res.status_code}, {shape}", secrets)
-        if res.status_code >= 500 or res.status_code == 429:
+        if res.status_code == 429:  # a proxy's page: a rate limit all the same
+            return RateLimited(said, retry_after=retry_after(res))
+        if res.status_code >= 500:
             return ProviderUnavailable(said)
         return InvalidArgument(said)
     if isinstance(exc, requests.exceptions.Timeout):
@@ -196,9 +211,11 @@ def classify(exc: BaseException, what: str, secrets: Collection[str] = ()) -> Pr
         return _Busy(said)
     if kind in ("permissions_denied", "denied_authentication") or status in (401, 403):
         return PermissionDenied(said)
-    if status >= 500 or status == 429 or kind == "too_many_requests":
-        # A rate limit is the API's, not the request's, fault: retried later on the same
-        # profile, as the non-JSON 429 above is.
+    if status == 429 or kind == "too_many_requests":
+        # The API's, not the request's, fault: retried later on the same profile, when the API
+        # says (Retry-After), as the non-JSON 429 above is.
+        return RateLimited(said, retry_after=retry_after(exc.response))
+    if status >= 500:
         return ProviderUnavailable(said)
     return InvalidArgument(said)
 
