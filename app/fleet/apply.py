@@ -3,7 +3,8 @@
 Every step is safe to repeat: rows move by compare-and-set, a teardown picks up where the last
 one stopped, and dispatch/requeue go through app.jobs.dispatch. No database transaction is held
 open across a provider call. Out-of-stock is the one failure that ends the round early: the
-caller re-plans, and the next profile in order gets its chance within the same run.
+caller re-plans, and the next profile in order gets its chance within the same run. A provider
+stock hint of `shortage` is that same out-of-stock, met before anything is created.
 """
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ from app.fleet.providers.base import (
     Instance,
     InstanceState,
     OutOfStock,
+    Provider,
     ProviderError,
+    StockHint,
     Teardown,
 )
 from app.fleet.snapshot import Snapshot
@@ -358,10 +361,7 @@ def _provision(svc: Services, action: Provision) -> str | ProviderError:
         )
     try:
         provider = svc.providers[profile.provider]
-        hint = provider.availability(profile)
-        if hint is not None:
-            with svc.db.session() as s:
-                _profile_state(s, profile.name).availability = hint
+        _check_stock(svc, provider, profile)
         # Before the server exists, so its user data can carry this worker's own password.
         broker_url = broker_users.worker_broker_url(
             settings, broker_users.provision_user(svc, profile, worker_id)
@@ -394,6 +394,25 @@ def _provision(svc: Services, action: Provision) -> str | ProviderError:
     _created(svc, profile, worker_id, instance)
     _count_attempt(svc, profile.name, None)
     return worker_id
+
+
+def _check_stock(svc: Services, provider: Provider, profile: Profile) -> None:
+    """Record the provider's stock hint; raise `OutOfStock` when it is `shortage`.
+
+    Scaleway's `shortage` means out of stock (the Terraform provider has checked it so since
+    2018): creating would only earn an out-of-stock answer, or a server that stops again. Any
+    other hint, or none (unknown, or the call failed), lets the create go on.
+    """
+    hint = provider.availability(profile)
+    if hint is None:
+        return
+    with svc.db.session() as s:
+        _profile_state(s, profile.name).availability = hint
+    if hint == StockHint.SHORTAGE:
+        raise OutOfStock(
+            f"{provider.name}: the provider reports a shortage of {profile.server_type} "
+            f"in {profile.zone}; nothing was created"
+        )
 
 
 def _created(svc: Services, profile: Profile, worker_id: str, instance: Instance) -> None:
@@ -480,7 +499,7 @@ def _stocked_out(svc: Services, profile: Profile, exc: ProviderError) -> None:
         state.backoff_until = now + timedelta(seconds=seconds)
         state.last_error = exc.reason
         state.last_error_at = now
-        state.availability = "shortage"
+        state.availability = StockHint.SHORTAGE.value
     log.warning(
         "fleet: %s out_of_stock (%s); backing off %ds, fallback to the next profile",
         profile.name,

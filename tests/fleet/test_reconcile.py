@@ -79,6 +79,45 @@ def test_out_of_stock_on_create_moves_to_the_next_profile(make_fleet: MakeFleet)
     }
 
 
+def test_a_shortage_hint_creates_nothing_and_falls_back(make_fleet: MakeFleet) -> None:
+    fleet = make_fleet()
+    assert fleet.emulator is not None
+    fleet.emulator.set_availability("fr-par-2", "L4-1-24G", "shortage")
+    fleet.add_jobs(1)
+
+    fleet.reconcile()
+
+    assert not [e for e in fleet.emulator.events if e[1] == "fr-par-2"]  # not even a create
+    assert not [r for r in fleet.emulator.requests if r == ("POST", _SERVERS_PAR2)]
+    assert [w.profile for w in live(fleet)] == ["p100-par1"]
+    state = fleet.profile_state("l4-par2")
+    assert state is not None and state.consecutive_stockouts == 1
+    assert state.backoff_until is not None and state.availability == "shortage"
+    assert "scaleway: the provider reports a shortage of L4-1-24G" in (state.last_error or "")
+
+
+@pytest.mark.parametrize("hint", ["scarce", "unknown"])
+def test_a_scarce_or_unknown_hint_still_creates(make_fleet: MakeFleet, hint: str) -> None:
+    fleet = make_fleet()
+    assert fleet.emulator is not None
+    if hint == "unknown":  # the availability call fails: no hint at all
+        fleet.emulator.inject("availability", "server_error", zone="fr-par-2")
+    else:
+        fleet.emulator.set_availability("fr-par-2", "L4-1-24G", hint)
+    fleet.add_jobs(1)
+
+    fleet.reconcile()
+
+    assert [w.profile for w in live(fleet)] == ["l4-par2"]
+    assert ("POST", _SERVERS_PAR2) in fleet.emulator.requests
+    state = fleet.profile_state("l4-par2")
+    assert state is not None and state.consecutive_stockouts == 0
+    assert state.availability == (None if hint == "unknown" else hint)
+
+
+_SERVERS_PAR2 = "/instance/v1/zones/fr-par-2/servers"
+
+
 def test_out_of_stock_on_power_on_deletes_the_server_and_falls_back(make_fleet: MakeFleet) -> None:
     fleet = make_fleet()
     assert fleet.emulator is not None

@@ -236,7 +236,7 @@ def test_listing_keeps_only_fleet_workers_whatever_the_filter_returns(
     assert [(i.instance_id, i.worker_id) for i in listed] == [(ours.instance_id, "wrk_ours")]
 
 
-def test_availability_is_a_hint(
+def test_availability_reads_the_zones_stock_hint(
     emulator: InstanceEmulator, settings: Settings, provider: ScalewayProvider
 ) -> None:
     assert provider.availability(l4(settings)) == "available"

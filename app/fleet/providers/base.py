@@ -1,7 +1,8 @@
 """The one interface every instance provider implements, and the errors it may raise.
 
 A provider creates a tagged instance for a worker, reads it back, lists what it owns by tag,
-tears an instance down completely (server, IPs, volumes) and gives a stock hint. Errors are
+tears an instance down completely (server, IPs, volumes) and gives a stock hint (a `shortage`
+stops a create before anything exists). Errors are
 typed so the fleet can tell capacity (fall back to the next profile) from everything else
 (stop and report). Every call the fleet makes is bounded in time. Instance states are compared
 as `InstanceState` members, never as bare strings; a word no provider is known to use passes
@@ -47,6 +48,14 @@ def is_fleet_worker(tags: list[str] | tuple[str, ...]) -> bool:
     and a non-empty worker id. A provider's tag filter is not taken on trust (what the real
     one matches is not confirmed), so nothing else is ever listed, adopted or deleted."""
     return FLEET_TAG in tags and bool(tag_value(tags, WORKER_TAG))
+
+
+class StockHint(StrEnum):
+    """What `Provider.availability` says of a profile's server type (Scaleway's words)."""
+
+    AVAILABLE = "available"
+    SCARCE = "scarce"  # still sold: a create is tried
+    SHORTAGE = "shortage"  # out of stock: nothing is created, as for an out-of-stock answer
 
 
 class InstanceState(StrEnum):
@@ -205,7 +214,9 @@ class Provider(Protocol):
         ...
 
     def availability(self, profile: Profile) -> str | None:
-        """A stock hint (available | scarce | shortage), or None when unknown. Never a gate."""
+        """A stock hint (`StockHint`, or another word of the provider's), or None when unknown
+        (including when asking failed). The fleet creates nothing on `shortage` and treats it
+        as an out-of-stock; any other answer lets the create go on."""
         ...
 
 

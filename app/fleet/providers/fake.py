@@ -11,7 +11,8 @@ A test scripts what a cloud does to the fleet:
 - `fail_next(operation, error)`: the next call of an operation raises that `ProviderError`;
 - `stuck`: instances whose teardown stays pending (a server that is not gone yet);
 - `stop(instance_id)`: an instance that stopped on its own;
-- `hints`: the stock hint `availability` gives per profile;
+- `hints`: the stock hint `availability` gives per profile (`shortage`: the fleet never calls
+  `create` for it);
 - `on_call`: called with the operation's name before each call (to step a `FakeClock`, say).
 
 Every call is recorded in `calls` as (operation, profile name or instance id). Calls may come

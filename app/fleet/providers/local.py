@@ -4,7 +4,9 @@
 process group. Each instance is recorded in a state directory (`var/local-instances/<id>.json`:
 pid and process start time), so a restarted control worker still lists and deletes it. Delete
 sends SIGTERM to the group, SIGKILL after a grace period, and confirms nothing is left.
-Stock can be simulated per profile (`MURMUR_LOCAL_OUT_OF_STOCK=a,b`) to watch the fallback.
+Stock can be simulated per profile (`MURMUR_LOCAL_OUT_OF_STOCK=a,b`) to watch the fallback: such
+a profile's stock hint is `shortage` (the fleet then never asks to create), and a create asked
+anyway answers out of stock.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from app.fleet.providers.base import (
     InstanceState,
     OutOfStock,
     ProviderUnavailable,
+    StockHint,
     Teardown,
 )
 
@@ -221,7 +224,7 @@ class LocalProvider:
         return [self._instance(r) for r in records if r is not None]
 
     def availability(self, profile: Profile) -> str | None:
-        return "shortage" if profile.name in self._out_of_stock else "available"
+        return StockHint.SHORTAGE if profile.name in self._out_of_stock else StockHint.AVAILABLE
 
     def delete(self, instance_id: str, resources: Mapping[str, Any]) -> Teardown:
         record = self._read(instance_id)
