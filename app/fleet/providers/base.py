@@ -2,11 +2,11 @@
 
 A provider creates a tagged instance for a worker, reads it back, lists what it owns by tag,
 tears an instance down completely (server, IPs, volumes) and gives a stock hint (a `shortage`
-stops a create before anything exists). Errors are
-typed so the fleet can tell capacity (fall back to the next profile) from everything else
-(stop and report). Every call the fleet makes is bounded in time. Instance states are compared
-as `InstanceState` members, never as bare strings; a word no provider is known to use passes
-through unchanged.
+stops a create before anything exists). Errors are typed so the fleet can tell capacity (fall
+back to the next profile) from everything else (stop and report). A listing holds only what
+the fleet made for a worker, whatever the provider's own filter returned. Every call the fleet
+makes is bounded in time. Instance states are compared as `InstanceState` members, never as
+bare strings; a word no provider is known to use passes through unchanged.
 """
 
 from __future__ import annotations
@@ -205,8 +205,9 @@ class Provider(Protocol):
         ...
 
     def list_by_tag(self, scopes: frozenset[str]) -> list[Instance]:
-        """Every instance whose own tags pass `is_fleet_worker` (in these zones, where zones
-        exist); whatever else the provider's listing returns is left out."""
+        """Every instance the fleet made for a worker, in these zones where zones exist: for a
+        tagged provider, those whose own tags pass `is_fleet_worker`, whatever else its listing
+        returns."""
         ...
 
     def delete(self, instance_id: str, resources: Mapping[str, Any]) -> Teardown:

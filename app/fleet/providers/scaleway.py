@@ -4,8 +4,9 @@ Create = `create_server` (tagged, zone, image, security group, Block root volume
 stays stopped) -> cloud-init user data -> `poweron`. Delete follows the teardown recipe: no
 single call removes a server with its Block volumes and flexible IPs, so each is removed and
 read back. Every state the API reports has a next step (`teardown_step`), so no server is left
-billed because its state had no way out. Every SDK call runs under `bounded` because the SDK
-gives requests no timeout.
+billed because its state had no way out. A listing keeps only servers whose own tags name the
+fleet and a worker (the API's tag filter is not trusted), so nothing else is ever swept. Every
+SDK call runs under `bounded` because the SDK gives requests no timeout.
 """
 
 from __future__ import annotations
