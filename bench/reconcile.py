@@ -95,7 +95,10 @@ def fleet_state(jobs: int, n_profiles: int, n_workers: int, seed: int = 1) -> Fl
         InstanceSnapshot("scaleway", w.instance_id or "", "running", w.id, w.profile)
         for w in workers
         if rng.random() > 0.02  # a few vanished
-    ) + tuple(InstanceSnapshot("scaleway", f"orphan{i}", "running") for i in range(5))
+    ) + tuple(
+        InstanceSnapshot("scaleway", f"orphan{i}", "running", f"wlost{i}", profiles[0].name)
+        for i in range(5)
+    )
     serving = sum(1 for w in workers if w.state in ("ready", "booting"))
     return FleetState(
         now=NOW,

@@ -3,7 +3,8 @@
 Every step is safe to repeat: rows move by compare-and-set, a teardown picks up where the last
 one stopped, and dispatch/requeue go through app.jobs.dispatch. No database transaction is held
 open across a provider call. Out-of-stock is the one failure that ends the round early: the
-caller re-plans, and the next profile in order gets its chance within the same run.
+caller re-plans, and the next profile in order gets its chance within the same run. A provider
+stock hint of `shortage` is that same out-of-stock, met before anything is created.
 """
 
 from __future__ import annotations
@@ -39,8 +40,11 @@ from app.fleet.planner import (
 )
 from app.fleet.providers.base import (
     Instance,
+    InstanceState,
     OutOfStock,
+    Provider,
     ProviderError,
+    StockHint,
     Teardown,
 )
 from app.fleet.snapshot import Snapshot
@@ -357,10 +361,7 @@ def _provision(svc: Services, action: Provision) -> str | ProviderError:
         )
     try:
         provider = svc.providers[profile.provider]
-        hint = provider.availability(profile)
-        if hint is not None:
-            with svc.db.session() as s:
-                _profile_state(s, profile.name).availability = hint
+        _check_stock(svc, provider, profile)
         # Before the server exists, so its user data can carry this worker's own password.
         broker_url = broker_users.worker_broker_url(
             settings, broker_users.provision_user(svc, profile, worker_id)
@@ -395,6 +396,25 @@ def _provision(svc: Services, action: Provision) -> str | ProviderError:
     return worker_id
 
 
+def _check_stock(svc: Services, provider: Provider, profile: Profile) -> None:
+    """Record the provider's stock hint; raise `OutOfStock` when it is `shortage`.
+
+    Scaleway's `shortage` means out of stock (the Terraform provider has checked it so since
+    2018): creating would only earn an out-of-stock answer, or a server that stops again. Any
+    other hint, or none (unknown, or the call failed), lets the create go on.
+    """
+    hint = provider.availability(profile)
+    if hint is None:
+        return
+    with svc.db.session() as s:
+        _profile_state(s, profile.name).availability = hint
+    if hint == StockHint.SHORTAGE:
+        raise OutOfStock(
+            f"{provider.name}: the provider reports a shortage of {profile.server_type} "
+            f"in {profile.zone}; nothing was created"
+        )
+
+
 def _created(svc: Services, profile: Profile, worker_id: str, instance: Instance) -> None:
     now = svc.clock()
     with svc.db.session() as s:
@@ -404,10 +424,10 @@ def _created(svc: Services, profile: Profile, worker_id: str, instance: Instance
             s, worker_id, [WorkerState.REQUESTED, WorkerState.CREATING], WorkerState.BOOTING
         )
         values: dict[str, Any] = {"resources": dict(instance.resources)}
-        if instance.state == "starting":  # the create's own look after power-on saw it
+        if instance.state == InstanceState.STARTING:  # the create's own look after power-on saw it
             values["resources"][SEEN_STARTING_AT] = now.isoformat()
         s.execute(update(Worker).where(Worker.id == worker_id).values(**values))
-        if instance.state == "running":
+        if instance.state == InstanceState.RUNNING:
             s.execute(
                 update(Worker)
                 .where(Worker.id == worker_id, Worker.booted_at.is_(None))
@@ -479,7 +499,7 @@ def _stocked_out(svc: Services, profile: Profile, exc: ProviderError) -> None:
         state.backoff_until = now + timedelta(seconds=seconds)
         state.last_error = exc.reason
         state.last_error_at = now
-        state.availability = "shortage"
+        state.availability = StockHint.SHORTAGE.value
     log.warning(
         "fleet: %s out_of_stock (%s); backing off %ds, fallback to the next profile",
         profile.name,
@@ -488,15 +508,29 @@ def _stocked_out(svc: Services, profile: Profile, exc: ProviderError) -> None:
     )
 
 
+def _hold_seconds(fleet: FleetSettings, exc: ProviderError, in_a_row: int) -> float:
+    """How long a profile is held after `exc`, the `in_a_row`-th error in a row.
+
+    The provider's own Retry-After wins (capped like every hold); otherwise the hold doubles
+    with each error in a row, so an error an operator must fix is not retried every few seconds
+    all night.
+    """
+    if exc.retry_after is not None:
+        return min(exc.retry_after, fleet.backoff_max_seconds)
+    return _backoff_seconds(fleet, in_a_row)
+
+
 def _hold(svc: Services, profile: Profile, exc: ProviderError) -> None:
     fleet = svc.settings.fleet
     now = svc.clock()
     with svc.db.session() as s:
         state = _profile_state(s, profile.name)
-        state.consecutive_errors = (state.consecutive_errors or 0) + 1
-        # Doubles with each error in a row, capped like the stock-out back-off: an error an
-        # operator must fix is not retried every few seconds all night.
-        seconds = _backoff_seconds(fleet, state.consecutive_errors)
+        in_a_row = (state.consecutive_errors or 0) + 1
+        # A rate limit says nothing about the profile: it neither lengthens the next hold nor
+        # shows as one more error in a row.
+        if exc.counts_in_a_row:
+            state.consecutive_errors = in_a_row
+        seconds = _hold_seconds(fleet, exc, in_a_row)
         retry = now + timedelta(seconds=seconds)
         state.last_error = exc.reason
         state.last_error_at = now

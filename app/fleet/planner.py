@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
 
+from app.fleet.providers.base import InstanceState, is_stopped
 from app.models import JobStatus, WorkerState
 
 _LIVE = frozenset(
@@ -33,8 +34,6 @@ _REPORTING = frozenset({WorkerState.READY.value, WorkerState.DRAINING.value})
 _READY = WorkerState.READY.value
 _RUNNING = JobStatus.RUNNING.value
 _DISPATCHED = JobStatus.DISPATCHED.value
-# Provider states meaning "powered off"; the Go SDK spells one of them with spaces.
-STOPPED_STATES = frozenset({"stopped", "stopped in place", "stopped_in_place"})
 # Words in a provider's state detail that say a stop was for lack of stock.
 _STOCK_DETAIL = ("out of stock", "out_of_stock", "shortage")
 # Why a booting worker is retired before it is ready: nothing waits for it any more.
@@ -399,14 +398,14 @@ def _lifecycle(r: _Round) -> None:
             w.state in _LIVE
             and w.booted_at is None
             and inst is not None
-            and inst.state == "running"
+            and inst.state == InstanceState.RUNNING
         ):
             r.booted.append(MarkBooted(w.id))
         elif (
             w.state == WorkerState.BOOTING.value
             and not w.seen_starting
             and inst is not None
-            and inst.state == "starting"
+            and inst.state == InstanceState.STARTING
         ):
             r.booted.append(MarkStarting(w.id))
         elif w.state == WorkerState.DELETING.value or w.state == WorkerState.FAILED.value:
@@ -672,13 +671,18 @@ def _retire_unneeded_boots(r: _Round, t: _Tally, usable: bool) -> None:
 
 
 def _orphans(state: FleetState) -> list[Action]:
-    """6. Instances nobody owns: unknown worker, or a worker that no longer claims them."""
+    """6. Instances nobody owns: unknown worker, or a worker that no longer claims them.
+
+    Only an instance that names its worker (providers list only those) can be an orphan: one
+    without a worker id was not made by the fleet, and is never deleted.
+    """
     owned = {(w.provider, w.instance_id) for w in state.workers if w.instance_id}
     starting = {w.id for w in state.workers if w.state in _STARTING and w.instance_id is None}
     return [
         DeleteOrphan(i.provider, i.instance_id, i.worker_id, i.profile)
         for i in state.inventory
-        if i.provider in state.inventory_known
+        if i.worker_id
+        and i.provider in state.inventory_known
         and (i.provider, i.instance_id) not in owned
         and i.worker_id not in starting
     ]
@@ -807,11 +811,11 @@ def _death(
         return None
     if w.instance_id is not None and w.provider in state.inventory_known and inst is None:
         return _died(Death.INSTANCE_GONE, "the provider no longer lists it")
-    if inst is not None and inst.state in STOPPED_STATES and w.booted_at is not None:
+    if inst is not None and is_stopped(inst.state) and w.booted_at is not None:
         return _died(Death.INSTANCE_STOPPED, f"the provider reports it {inst.state}")
     if (
         inst is not None
-        and inst.state in STOPPED_STATES
+        and is_stopped(inst.state)
         and w.state == WorkerState.BOOTING.value
         and w.ready_at is None
         and (w.seen_starting or stock_detail(inst.detail))

@@ -81,6 +81,39 @@ def emulator() -> Iterator[InstanceEmulator]:
     emu.stop()
 
 
+def foreign_server(emulator: InstanceEmulator, zone: str, tags: list[str]) -> str:
+    """A running server in our project that the fleet did not make, created with the real SDK
+    (someone else's, or one carrying only some of the fleet's tags); its id."""
+    from scaleway import Client
+    from scaleway.instance.v1 import ServerAction
+    from scaleway.instance.v1.custom_api import InstanceUtilsV1API
+
+    api = InstanceUtilsV1API(
+        Client(
+            access_key=ACCESS_KEY,
+            secret_key=SECRET_KEY,
+            api_url=emulator.url,
+            default_project_id=PROJECT_ID,
+        )
+    )
+    server = api.create_server(
+        zone=zone, commercial_type="L4-1-24G", image="ubuntu", tags=tags, protected=False
+    ).server
+    api.server_action(server_id=server.id, action=ServerAction.POWERON, zone=zone)
+    return server.id
+
+
+# Servers the fleet must never touch: no tags, the fleet tag without a worker id, a worker id
+# without the fleet tag, tags that only start like the fleet's.
+FOREIGN_TAGS = [
+    [],
+    ["murmur"],
+    ["murmur", "murmur-worker="],
+    ["murmur-worker=wrk_theirs", "murmur-profile=l4-par2"],
+    ["murmur-old", "murmur-worker=wrk_old"],
+]
+
+
 def fleet_settings(
     emulator_url: str,
     groups: dict[str, dict[str, str]],

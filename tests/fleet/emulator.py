@@ -5,7 +5,8 @@ The real `scaleway` SDK talks to it over HTTP. Shapes follow the real API (docs/
 `terminate` goes through `stopping` and then the server is gone, its Block volumes detached
 (`available`) and its flexible IPs detached but kept; a stopped server is removed by DELETE.
 Lists page with `page`/`per_page` and answer an empty page past the end (the SDK's `*_all`
-stops only there).
+stops only there). `list_tag_filter = False` makes the server list ignore its `tags` filter
+(what the real filter matches is not confirmed), so foreign servers come back in it.
 
 State changes are counted in observations (reads of the server), not in seconds, so tests are
 deterministic. Faults are injected per operation, zone and commercial type: out of stock,
@@ -22,6 +23,9 @@ an accepted `poweron`: the server falls back to `stopped`, state_detail "out of 
 An optional `host` plays what runs on a server: told at an accepted `poweron` (with the
 server's user data) and when the server is asked to stop (`terminate`, `poweroff`,
 `stop_in_place`, DELETE), so a test can run a real worker from the rendered cloud-init.
+
+A Block volume may stay `deleting` for a while after its DELETE (the Block API's VolumeStatus
+has that state): `volume_deleting_reads = N` shows it so for N reads, then it is gone (404).
 
 Assumptions where the reference is silent: deleting a Block volume that is still attached
 answers 409 `precondition_failed`; a `stop_in_place` releases nothing (IPs stay attached);
@@ -86,6 +90,8 @@ class Fault:
     kind: str  # out_of_stock | quota | permission | server_error | bad_gateway | empty_5xx
     #            rate_limited (429 JSON) | rate_limited_html (a proxy's 429)
     #            invalid | image_not_found | slow | never_start | attach_flexible_ip
+    #            validation (legacy 400 "Validation Error" with `fields`)
+    #            validation_without_fields (the same without `fields`: the SDK's KeyError)
     #            stock_after_poweron (accepted, then back to stopped: "out of stock")
     #            lagging_poweron (accepted; reads still show `stopped`, nothing said, for
     #            boot_observations reads, then `starting`, then `running`)
@@ -95,6 +101,7 @@ class Fault:
     times: int | None = None  # None: every time
     delay: float = 0.0
     hits: int = 0
+    retry_after: str | None = None  # a Retry-After header on the error answer (a 429's)
 
     def matches(self, op: str, zone: str, ctype: str | None) -> bool:
         if self.times is not None and self.hits >= self.times:
@@ -136,6 +143,20 @@ _ERRORS: dict[str, tuple[int, dict[str, Any]]] = {
             "message": "invalid argument(s)",
             "details": [{"argument_name": "image", "reason": "constraint", "help_message": "bad"}],
         },
+    ),
+    # The legacy Instance form of bad arguments (reference: "Validation Error" + `fields`).
+    "validation": (
+        400,
+        {
+            "type": "invalid_request_error",
+            "message": "Validation Error",
+            "fields": {"commercial_type": ["unknown server type"]},
+        },
+    ),
+    # The same without `fields`: the SDK's `_throw_on_error` reads data["fields"] regardless.
+    "validation_without_fields": (
+        400,
+        {"type": "invalid_request_error", "message": "Validation Error"},
     ),
     "image_not_found": (
         400,
@@ -186,6 +207,11 @@ class InstanceEmulator:
         self.boot_observations = boot_observations
         self.stop_observations = stop_observations
         self.page_size = page_size
+        # False: GET /servers ignores `tags=` and lists every server of the zone and project.
+        self.list_tag_filter = True
+        # Reads a deleted Block volume still answers with status `deleting` before its 404.
+        self.volume_deleting_reads = 0
+        self._deleting: dict[str, int] = {}  # volume id -> `deleting` reads left
         self.lock = threading.RLock()
         self.servers: dict[str, _Server] = {}
         self.ips: dict[str, dict[str, Any]] = {}
@@ -234,8 +260,9 @@ class InstanceEmulator:
         commercial_type: str | None = None,
         times: int | None = None,
         delay: float = 0.0,
+        retry_after: str | None = None,
     ) -> Fault:
-        fault = Fault(op, kind, zone, commercial_type, times, delay)
+        fault = Fault(op, kind, zone, commercial_type, times, delay, retry_after=retry_after)
         with self.lock:
             self.faults.append(fault)
         return fault
@@ -371,6 +398,8 @@ class InstanceEmulator:
             elif f.kind in _ERRORS:
                 status, body = _ERRORS[f.kind]
                 answer = answer or self._json(body, status)
+            if isinstance(answer, Response) and f.retry_after is not None:
+                answer.headers["Retry-After"] = f.retry_after
             else:
                 answer = answer or f  # behaviour faults (never_start, attach_flexible_ip)
         return answer
@@ -482,7 +511,7 @@ class InstanceEmulator:
                 s.data
                 for s in sorted(self.servers.values(), key=lambda s: s.seq)
                 if s.data["zone"] == zone
-                and all(t in s.data["tags"] for t in wanted)
+                and (not self.list_tag_filter or all(t in s.data["tags"] for t in wanted))
                 and (project is None or s.data["project"] == project)
             ]
             page, headers = self._page(request, items)
@@ -923,6 +952,12 @@ class InstanceEmulator:
             return f
         with self.lock:
             vol = self.volumes.get(vid)
+            if vid in self._deleting and request.method == "GET":
+                if self._deleting[vid] <= 0:
+                    del self._deleting[vid], self.volumes[vid]
+                    vol = None
+                else:
+                    self._deleting[vid] -= 1
             if vol is None or vol["zone"] != zone or vol["status"] == "deleted":
                 return self._not_found(vid, "volume")
             if request.method == "DELETE":
@@ -934,7 +969,11 @@ class InstanceEmulator:
                         resource="volume",
                         resource_id=vid,
                     )
-                del self.volumes[vid]
                 self.events.append(("delete_volume", zone, vid))
+                if self.volume_deleting_reads > 0:
+                    vol.update(status="deleting", updated_at=_now())
+                    self._deleting[vid] = self.volume_deleting_reads
+                else:
+                    del self.volumes[vid]
                 return Response(status=204)
             return self._json(vol)

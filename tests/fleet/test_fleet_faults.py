@@ -79,6 +79,55 @@ def test_a_held_error_keeps_its_detail_and_backs_off_exponentially(
     assert state is not None and state.consecutive_errors == 0 and state.retry_at is None
 
 
+def test_a_rate_limit_holds_for_its_retry_after_and_is_no_error_in_a_row(
+    make_fleet: MakeFleet,
+) -> None:
+    fleet = make_fleet(fleet={"backoff_seconds": 60.0, "backoff_max_seconds": 200.0})
+    assert fleet.emulator is not None
+    fleet.add_jobs(1)
+    waits = []
+    # Retry-After 17 s, then two 429s that say nothing, then one that asks for too long.
+    for header in ("17", None, None, "3600"):
+        fleet.emulator.inject(
+            "create", "rate_limited", zone="fr-par-2", times=1, retry_after=header
+        )
+        fleet.reconcile()
+        state = fleet.profile_state("l4-par2")
+        assert state is not None and "HTTP 429 too_many_requests" in (state.last_error or "")
+        assert state.consecutive_errors == 0 and state.consecutive_stockouts == 0
+        assert not [w for w in fleet.workers() if w.profile == "p100-par1"]  # no fallback
+        retry_at = as_utc(state.retry_at)
+        assert retry_at is not None
+        waits.append((retry_at - fleet.clock()).total_seconds())
+        fleet.clock.now = retry_at
+    # As the API asked; the first step of the back-off, not doubled; capped like every hold.
+    assert waits == [17.0, 60.0, 60.0, 200.0]
+
+    fleet.reconcile()
+    state = fleet.profile_state("l4-par2")
+    assert state is not None and state.retry_at is None
+    assert [w.profile for w in fleet.workers(WorkerState.BOOTING.value)] == ["l4-par2"]
+    assert fleet.emulator.inventory() == {"servers": 1, "ips": 0, "volumes": 1}
+
+
+def test_a_rate_limit_does_not_lengthen_the_hold_of_a_real_error(make_fleet: MakeFleet) -> None:
+    fleet = make_fleet(fleet={"backoff_seconds": 60.0, "backoff_max_seconds": 900.0})
+    assert fleet.emulator is not None
+    fleet.add_jobs(1)
+    waits = []
+    for kind in ("image_not_found", "rate_limited", "image_not_found"):
+        fleet.emulator.inject("create", kind, zone="fr-par-2", times=1)
+        fleet.reconcile()
+        state = fleet.profile_state("l4-par2")
+        assert state is not None
+        retry_at = as_utc(state.retry_at)
+        assert retry_at is not None
+        waits.append(((retry_at - fleet.clock()).total_seconds(), state.consecutive_errors))
+        fleet.clock.now = retry_at
+    # The 429 waits the next step of the streak without becoming part of it.
+    assert waits == [(60.0, 1), (120.0, 1), (120.0, 2)]
+
+
 # -- an out-of-stock after an accepted poweron (finding 3) ------------------------------------
 
 

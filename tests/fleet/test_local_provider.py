@@ -189,6 +189,8 @@ def test_local_fleet_falls_back_and_cleans_up(
     with caplog.at_level("INFO", logger="murmur.fleet"):
         fleet.reconcile()
     assert "local-preferred out_of_stock" in caplog.text
+    # Its `shortage` hint stops it before the provider is asked to create anything.
+    assert "local: the provider reports a shortage of local-cpu in local" in caplog.text
     assert "fallback to the next profile" in caplog.text
     assert "provision local-cpu" in caplog.text
     (worker,) = fleet.workers(WorkerState.BOOTING.value)

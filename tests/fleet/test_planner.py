@@ -576,8 +576,14 @@ CASES = [
     Case(
         "orphans only from a provider listed this round",
         [prof(A)],
-        inventory=[InstanceSnapshot("scaleway", "i-x", "running", None, None)],
+        inventory=[InstanceSnapshot("scaleway", "i-x", "running", "w-unknown", A)],
         known=frozenset(),
+        expect=set(),
+    ),
+    Case(
+        "an instance that names no worker was not made by the fleet: never an orphan",
+        [prof(A)],
+        inventory=[InstanceSnapshot("scaleway", "i-x", "running", None, None)],
         expect=set(),
     ),
 ]

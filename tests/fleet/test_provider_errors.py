@@ -20,6 +20,7 @@ from app.fleet.providers.base import (
 from app.fleet.providers.fake import FakeProvider
 from app.fleet.snapshot import as_utc
 from app.models import ProfileState, WorkerState
+from app.observability.store import PROVISION_ATTEMPTS_KEY
 from tests.fleet.conftest import L4, P100, Fleet, MakeFleet
 
 
@@ -49,6 +50,48 @@ def test_a_stock_out_falls_back_to_the_next_profile_in_the_same_run(
     state = _state(fleet, "l4-par2")
     assert state is not None and state.backoff_until is not None
     assert state.availability == "shortage"
+
+
+def test_a_shortage_hint_is_an_out_of_stock_before_anything_is_created(
+    make_fleet: MakeFleet,
+) -> None:
+    fleet, fake = _fleet(make_fleet)
+    fake.hints["l4-par2"] = "shortage"
+    fleet.add_jobs(1)
+
+    report = fleet.reconcile()
+
+    assert fake.targets("create") == ["p100-par1"]  # nothing asked of the L4, at once the P100
+    assert report.outcomes[0].stocked_out == ["l4-par2"]
+    assert [w.profile for w in fleet.workers(WorkerState.BOOTING.value)] == ["p100-par1"]
+    state = _state(fleet, "l4-par2")
+    assert state is not None and state.consecutive_stockouts == 1
+    assert state.backoff_until is not None and state.retry_at is None
+    assert state.availability == "shortage"
+    assert "reports a shortage of L4-1-24G in fr-par-2" in (state.last_error or "")
+    counted = fleet.svc.redis.hgetall(PROVISION_ATTEMPTS_KEY)
+    assert counted == {b"l4-par2|out_of_stock": b"1", b"p100-par1|succeeded": b"1"}
+    (refused,) = [w for w in fleet.workers() if w.profile == "l4-par2"]
+    assert refused.state == WorkerState.FAILED.value and refused.instance_id is None
+    assert refused.delete_reason == "out of stock"
+
+    # Backing off: the next round does not ask again, nor create.
+    fleet.reconcile(advance=5)
+    assert fake.targets("create") == ["p100-par1"]
+
+
+@pytest.mark.parametrize("hint", ["scarce", "available", None], ids=str)
+def test_any_other_hint_goes_on_to_create(make_fleet: MakeFleet, hint: str | None) -> None:
+    fleet, fake = _fleet(make_fleet)
+    if hint is not None:
+        fake.hints["l4-par2"] = hint
+    fleet.add_jobs(1)
+
+    fleet.reconcile()
+
+    assert fake.targets("create") == ["l4-par2"]
+    state = _state(fleet, "l4-par2")
+    assert state is not None and state.availability == hint and state.backoff_until is None
 
 
 @pytest.mark.parametrize(

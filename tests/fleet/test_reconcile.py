@@ -16,7 +16,15 @@ from app.fleet.service import read_plan
 from app.models import Job, JobStatus, Worker, WorkerState
 from app.observability.store import FRESHNESS_KEY, PROVISION_ATTEMPTS_KEY, snapshot_key
 from tests.conftest import T0
-from tests.fleet.conftest import L4, P100, SIGNING_KEY, Fleet, MakeFleet
+from tests.fleet.conftest import (
+    FOREIGN_TAGS,
+    L4,
+    P100,
+    SIGNING_KEY,
+    Fleet,
+    MakeFleet,
+    foreign_server,
+)
 
 LIVE = (
     WorkerState.REQUESTED.value,
@@ -69,6 +77,45 @@ def test_out_of_stock_on_create_moves_to_the_next_profile(make_fleet: MakeFleet)
         b"l4-par2|out_of_stock": b"1",
         b"p100-par1|succeeded": b"1",
     }
+
+
+def test_a_shortage_hint_creates_nothing_and_falls_back(make_fleet: MakeFleet) -> None:
+    fleet = make_fleet()
+    assert fleet.emulator is not None
+    fleet.emulator.set_availability("fr-par-2", "L4-1-24G", "shortage")
+    fleet.add_jobs(1)
+
+    fleet.reconcile()
+
+    assert not [e for e in fleet.emulator.events if e[1] == "fr-par-2"]  # not even a create
+    assert not [r for r in fleet.emulator.requests if r == ("POST", _SERVERS_PAR2)]
+    assert [w.profile for w in live(fleet)] == ["p100-par1"]
+    state = fleet.profile_state("l4-par2")
+    assert state is not None and state.consecutive_stockouts == 1
+    assert state.backoff_until is not None and state.availability == "shortage"
+    assert "scaleway: the provider reports a shortage of L4-1-24G" in (state.last_error or "")
+
+
+@pytest.mark.parametrize("hint", ["scarce", "unknown"])
+def test_a_scarce_or_unknown_hint_still_creates(make_fleet: MakeFleet, hint: str) -> None:
+    fleet = make_fleet()
+    assert fleet.emulator is not None
+    if hint == "unknown":  # the availability call fails: no hint at all
+        fleet.emulator.inject("availability", "server_error", zone="fr-par-2")
+    else:
+        fleet.emulator.set_availability("fr-par-2", "L4-1-24G", hint)
+    fleet.add_jobs(1)
+
+    fleet.reconcile()
+
+    assert [w.profile for w in live(fleet)] == ["l4-par2"]
+    assert ("POST", _SERVERS_PAR2) in fleet.emulator.requests
+    state = fleet.profile_state("l4-par2")
+    assert state is not None and state.consecutive_stockouts == 0
+    assert state.availability == (None if hint == "unknown" else hint)
+
+
+_SERVERS_PAR2 = "/instance/v1/zones/fr-par-2/servers"
 
 
 def test_out_of_stock_on_power_on_deletes_the_server_and_falls_back(make_fleet: MakeFleet) -> None:
@@ -523,6 +570,34 @@ def test_orphan_instances_are_deleted(make_fleet: MakeFleet) -> None:
     assert fleet.emulator.inventory() == {"servers": 0, "ips": 0, "volumes": 0}
     (adopted,) = fleet.workers()
     assert adopted.id == "wrk_from_a_lost_database" and adopted.delete_reason == "orphan"
+
+
+@pytest.mark.parametrize("tag_filter", [True, False], ids=["filtered", "filter-ignored"])
+def test_servers_the_fleet_did_not_make_are_never_deleted(
+    make_fleet: MakeFleet, tag_filter: bool
+) -> None:
+    """Whatever the listing returns, only servers whose own tags carry the fleet tag and a
+    worker id are swept; a real orphan next to them still goes."""
+    fleet = make_fleet()
+    assert fleet.emulator is not None
+    fleet.emulator.list_tag_filter = tag_filter
+    foreign = {
+        foreign_server(fleet.emulator, zone, tags)
+        for zone in ("fr-par-2", "fr-par-1")
+        for tags in FOREIGN_TAGS
+    }
+    provider = fleet.svc.providers["scaleway"]
+    lost = provider.create(fleet.svc.settings.profile("l4-par2"), "wrk_lost", lambda i, r: {})
+
+    fleet.reconcile()
+    settle_teardown(fleet)
+    fleet.reconcile(advance=61)
+
+    assert lost.instance_id not in fleet.emulator.servers
+    assert foreign <= set(fleet.emulator.servers)
+    touched = [e for e in fleet.emulator.events if e[2] in foreign]
+    assert {op for op, _, _ in touched} == {"create", "poweron"}
+    assert not [w for w in fleet.workers() if w.instance_id in foreign]
 
 
 def test_instance_of_a_deleted_worker_is_an_orphan(make_fleet: MakeFleet) -> None:

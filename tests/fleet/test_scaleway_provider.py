@@ -11,6 +11,7 @@ import pytest
 from app.config import Profile, Settings
 from app.fleet.cloudinit import USER_DATA_LIMIT_BYTES, render_user_data, worker_environment
 from app.fleet.providers.base import (
+    InstanceState,
     InvalidArgument,
     OutOfStock,
     PermissionDenied,
@@ -18,11 +19,12 @@ from app.fleet.providers.base import (
     ProviderTimeout,
     ProviderUnavailable,
     QuotaExceeded,
+    RateLimited,
     bounded,
 )
 from app.fleet.providers.scaleway import ScalewayProvider
 from app.observability import PROVISION_OUTCOMES
-from tests.fleet.conftest import L4, P100, fleet_settings
+from tests.fleet.conftest import FOREIGN_TAGS, L4, P100, fleet_settings, foreign_server
 from tests.fleet.emulator import InstanceEmulator
 
 
@@ -59,9 +61,13 @@ ERRORS = [
     ("bad_gateway", ProviderUnavailable),
     # A 429 is a rate limit wherever it comes from (JSON from the API or a proxy's HTML page):
     # retry later on the same profile, never an invalid argument.
-    ("rate_limited", ProviderUnavailable),
-    ("rate_limited_html", ProviderUnavailable),
+    ("rate_limited", RateLimited),
+    ("rate_limited_html", RateLimited),
     ("invalid", InvalidArgument),
+    ("validation", InvalidArgument),
+    # "Validation Error" without `fields` makes the SDK raise KeyError instead of its own error:
+    # still the API refusing the arguments, never an outage.
+    ("validation_without_fields", InvalidArgument),
 ]
 
 
@@ -82,6 +88,33 @@ def test_create_errors_are_typed(
     assert emulator.inventory() == {"servers": 0, "ips": 0, "volumes": 0}
 
 
+@pytest.mark.parametrize(
+    ("kind", "header", "seconds"),
+    [
+        ("rate_limited", "30", 30.0),
+        ("rate_limited", "2.5", 2.5),
+        ("rate_limited_html", "7", 7.0),  # a proxy's 429 page may say it too
+        ("rate_limited", None, None),
+        ("rate_limited", "Wed, 21 Oct 2015 07:28:00 GMT", None),  # a date: not read
+        ("rate_limited", "-5", None),
+    ],
+)
+def test_a_rate_limit_carries_its_retry_after(
+    emulator: InstanceEmulator,
+    settings: Settings,
+    provider: ScalewayProvider,
+    kind: str,
+    header: str | None,
+    seconds: float | None,
+) -> None:
+    emulator.inject("create", kind, retry_after=header)
+    with pytest.raises(RateLimited) as caught:
+        provider.create(l4(settings), "wrk_test", bind(settings, l4(settings)))
+    assert caught.value.retry_after == seconds
+    assert not caught.value.counts_in_a_row and not caught.value.allows_fallback
+    assert "HTTP 429" in caught.value.reason
+
+
 def test_only_out_of_stock_allows_fallback() -> None:
     assert OutOfStock("x").allows_fallback
     assert not any(e("x").allows_fallback for _, e in ERRORS if e is not OutOfStock)
@@ -93,7 +126,9 @@ def test_every_provider_error_is_counted_under_its_own_outcome() -> None:
     assert {e.outcome for e in everything} <= set(PROVISION_OUTCOMES)
     # The public taxonomy (internal helpers such as a 404 while reading back count as "error").
     kinds = [e for e in everything if e.__module__ == ProviderError.__module__]
-    assert {e for _, e in ERRORS} <= set(kinds)
+    # A rate limit is the API unavailable to us for a while: counted so, held its own way.
+    assert RateLimited.outcome == ProviderUnavailable.outcome
+    assert {e for _, e in ERRORS} - {RateLimited} <= set(kinds)
     outcomes = [e.outcome for e in kinds]
     assert len(set(outcomes)) == len(kinds)
     assert set(outcomes) | {"succeeded", ProviderError.outcome} == set(PROVISION_OUTCOMES)
@@ -168,7 +203,40 @@ def test_listing_pages_through_every_server(
     assert all(i.worker_id and i.worker_id.startswith("wrk_") for i in listed)
 
 
-def test_availability_is_a_hint(
+def test_states_are_read_as_instance_states(
+    emulator: InstanceEmulator, settings: Settings, provider: ScalewayProvider
+) -> None:
+    """Both spellings of `stopped in place` are one state; a word no provider is known to use
+    passes through as it was said."""
+    instance = provider.create(l4(settings), "wrk_test", lambda i, r: {})
+    assert instance.state is InstanceState.STARTING
+    for said, read in [
+        ("stopped_in_place", InstanceState.STOPPED_IN_PLACE),  # the Python SDK's enum
+        ("stopped in place", InstanceState.STOPPED_IN_PLACE),  # the API's own word
+        ("locked", InstanceState.LOCKED),
+    ]:
+        emulator.set_state(instance.instance_id, said)
+        got = provider.get(instance.instance_id, instance.resources)
+        assert got is not None and got.state is read
+    emulator.set_state(instance.instance_id, "rescuing")
+    got = provider.get(instance.instance_id, instance.resources)
+    assert got is not None and got.state == "rescuing"
+    assert not isinstance(got.state, InstanceState)
+
+
+@pytest.mark.parametrize("tag_filter", [True, False], ids=["filtered", "filter-ignored"])
+def test_listing_keeps_only_fleet_workers_whatever_the_filter_returns(
+    emulator: InstanceEmulator, settings: Settings, provider: ScalewayProvider, tag_filter: bool
+) -> None:
+    emulator.list_tag_filter = tag_filter
+    for tags in FOREIGN_TAGS:
+        foreign_server(emulator, "fr-par-2", tags)
+    ours = provider.create(l4(settings), "wrk_ours", lambda i, r: {})
+    listed = provider.list_by_tag(frozenset({"fr-par-2"}))
+    assert [(i.instance_id, i.worker_id) for i in listed] == [(ours.instance_id, "wrk_ours")]
+
+
+def test_availability_reads_the_zones_stock_hint(
     emulator: InstanceEmulator, settings: Settings, provider: ScalewayProvider
 ) -> None:
     assert provider.availability(l4(settings)) == "available"

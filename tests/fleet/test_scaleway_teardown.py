@@ -150,6 +150,18 @@ DETAILS = [
     ("permission", PermissionDenied, "HTTP 403", "create on instance_server"),
     ("bad_gateway", ProviderUnavailable, "HTTP 502", "non-JSON body (text/html)"),
     ("empty_5xx", ProviderUnavailable, "HTTP 503", "empty body"),
+    (
+        "validation",
+        InvalidArgument,
+        "HTTP 400 invalid_request_error Validation Error",
+        "commercial_type: unknown server type",
+    ),
+    (
+        "validation_without_fields",
+        InvalidArgument,
+        "HTTP 400 invalid_request_error",
+        "Validation Error",
+    ),
 ]
 
 
@@ -206,3 +218,33 @@ def test_a_power_on_that_shows_late_is_not_out_of_stock(
     assert emulator.inventory()["servers"] == 1
     seen = [provider.get(instance.instance_id, instance.resources) for _ in range(4)]
     assert [i.state for i in seen if i is not None][-1] == "running"
+
+
+def test_a_block_volume_still_deleting_is_read_again_next_round_not_waited_for(
+    emulator: InstanceEmulator, settings: Settings, provider: ScalewayProvider
+) -> None:
+    """A Block volume shows `deleting` for a while after its DELETE: the pass ends with it
+    still owed (no polling through the teardown wait, no second DELETE), and a later read that
+    answers 404 confirms it."""
+    emulator.volume_deleting_reads = 2  # the read right after the DELETE, and one more
+    instance = provider.create(settings.profile("l4-par2"), "wrk_t", lambda i, r: {})
+    (volume,) = instance.resources["volumes"]
+
+    def volume_reads() -> int:
+        return sum(1 for m, p in emulator.requests if m == "GET" and p.endswith(f"/{volume}"))
+
+    first = provider.delete(instance.instance_id, instance.resources)
+    assert not first.confirmed and first.server_gone
+    assert first.resources["volumes"] == [volume]
+    assert emulator.volumes[volume]["status"] == "deleting"
+
+    before = volume_reads()
+    second = provider.delete(instance.instance_id, first.resources)
+    assert not second.confirmed and second.resources["volumes"] == [volume]
+    assert volume_reads() - before == 1  # one look, then on to the rest of the teardown
+
+    third = provider.delete(instance.instance_id, second.resources)
+    assert third.confirmed, third.detail
+    deletes = [e for e in emulator.events if e[0] == "delete_volume" and e[2] == volume]
+    assert len(deletes) == 1
+    assert emulator.inventory() == NOTHING

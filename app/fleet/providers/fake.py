@@ -11,7 +11,8 @@ A test scripts what a cloud does to the fleet:
 - `fail_next(operation, error)`: the next call of an operation raises that `ProviderError`;
 - `stuck`: instances whose teardown stays pending (a server that is not gone yet);
 - `stop(instance_id)`: an instance that stopped on its own;
-- `hints`: the stock hint `availability` gives per profile;
+- `hints`: the stock hint `availability` gives per profile (`shortage`: the fleet never calls
+  `create` for it);
 - `on_call`: called with the operation's name before each call (to step a `FakeClock`, say).
 
 Every call is recorded in `calls` as (operation, profile name or instance id). Calls may come
@@ -27,7 +28,14 @@ from dataclasses import replace
 from typing import Any
 
 from app.config import Profile
-from app.fleet.providers.base import Bind, Instance, OutOfStock, ProviderError, Teardown
+from app.fleet.providers.base import (
+    Bind,
+    Instance,
+    InstanceState,
+    OutOfStock,
+    ProviderError,
+    Teardown,
+)
 
 
 class FakeProvider:
@@ -54,7 +62,7 @@ class FakeProvider:
         """The instance stopped on its own (a crash, a host failure)."""
         with self._lock:
             self.instances[instance_id] = replace(
-                self.instances[instance_id], state="stopped", detail=detail
+                self.instances[instance_id], state=InstanceState.STOPPED, detail=detail
             )
 
     def targets(self, operation: str) -> list[str]:
@@ -83,7 +91,7 @@ class FakeProvider:
         instance_id = f"{self.name}-{next(self._ids):04d}"
         resources: Mapping[str, Any] = {"zone": profile.zone}
         bind(instance_id, resources)
-        instance = Instance(instance_id, "running", worker_id, profile.name, resources)
+        instance = Instance(instance_id, InstanceState.RUNNING, worker_id, profile.name, resources)
         with self._lock:
             self.instances[instance_id] = instance
         return instance

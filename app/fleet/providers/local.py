@@ -4,7 +4,9 @@
 process group. Each instance is recorded in a state directory (`var/local-instances/<id>.json`:
 pid and process start time), so a restarted control worker still lists and deletes it. Delete
 sends SIGTERM to the group, SIGKILL after a grace period, and confirms nothing is left.
-Stock can be simulated per profile (`MURMUR_LOCAL_OUT_OF_STOCK=a,b`) to watch the fallback.
+Stock can be simulated per profile (`MURMUR_LOCAL_OUT_OF_STOCK=a,b`) to watch the fallback: such
+a profile's stock hint is `shortage` (the fleet then never asks to create), and a create asked
+anyway answers out of stock.
 """
 
 from __future__ import annotations
@@ -25,7 +27,15 @@ from typing import Any
 import psutil
 
 from app.config import Profile, Settings
-from app.fleet.providers.base import Bind, Instance, OutOfStock, ProviderUnavailable, Teardown
+from app.fleet.providers.base import (
+    Bind,
+    Instance,
+    InstanceState,
+    OutOfStock,
+    ProviderUnavailable,
+    StockHint,
+    Teardown,
+)
 
 log = logging.getLogger("murmur.fleet.local")
 
@@ -147,7 +157,7 @@ class LocalProvider:
     def _instance(self, record: Mapping[str, Any]) -> Instance:
         return Instance(
             instance_id=record["instance_id"],
-            state="running" if self._alive(record) else "stopped",
+            state=InstanceState.RUNNING if self._alive(record) else InstanceState.STOPPED,
             worker_id=record.get("worker_id"),
             profile=record.get("profile"),
             resources={"worker_id": record.get("worker_id")},
@@ -201,7 +211,7 @@ class LocalProvider:
             profile.name,
             proc.pid,
         )
-        return Instance(instance_id, "running", worker_id, profile.name, resources)
+        return Instance(instance_id, InstanceState.RUNNING, worker_id, profile.name, resources)
 
     def get(self, instance_id: str, resources: Mapping[str, Any]) -> Instance | None:
         record = self._read(instance_id)
@@ -214,7 +224,7 @@ class LocalProvider:
         return [self._instance(r) for r in records if r is not None]
 
     def availability(self, profile: Profile) -> str | None:
-        return "shortage" if profile.name in self._out_of_stock else "available"
+        return StockHint.SHORTAGE if profile.name in self._out_of_stock else StockHint.AVAILABLE
 
     def delete(self, instance_id: str, resources: Mapping[str, Any]) -> Teardown:
         record = self._read(instance_id)

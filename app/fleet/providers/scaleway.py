@@ -4,14 +4,16 @@ Create = `create_server` (tagged, zone, image, security group, Block root volume
 stays stopped) -> cloud-init user data -> `poweron`. Delete follows the teardown recipe: no
 single call removes a server with its Block volumes and flexible IPs, so each is removed and
 read back. Every state the API reports has a next step (`teardown_step`), so no server is left
-billed because its state had no way out. Every SDK call runs under `bounded` because the SDK
-gives requests no timeout.
+billed because its state had no way out. A listing keeps only servers whose own tags name the
+fleet and a worker (the API's tag filter is not trusted), so nothing else is ever swept. Every
+SDK call runs under `bounded` because the SDK gives requests no timeout.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import re
 import time
 from collections.abc import Callable, Collection, Mapping
@@ -19,19 +21,20 @@ from typing import Any, TypeVar
 
 import requests
 from scaleway import Client, ScalewayException
-from scaleway.block.v1 import BlockV1API
+from scaleway.block.v1 import BlockV1API, VolumeStatus
 from scaleway.instance.v1 import ServerAction, VolumeServerTemplate, VolumeVolumeType
 from scaleway.instance.v1.custom_api import InstanceUtilsV1API
 
 from app.config import Profile, Settings
 from app.fleet.cloudinit import render_user_data
-from app.fleet.planner import STOPPED_STATES, stock_detail
+from app.fleet.planner import stock_detail
 from app.fleet.providers.base import (
     FLEET_TAG,
     PROFILE_TAG,
     WORKER_TAG,
     Bind,
     Instance,
+    InstanceState,
     InvalidArgument,
     OutOfStock,
     PermissionDenied,
@@ -39,8 +42,11 @@ from app.fleet.providers.base import (
     ProviderTimeout,
     ProviderUnavailable,
     QuotaExceeded,
+    RateLimited,
     Teardown,
     bounded,
+    is_fleet_worker,
+    is_stopped,
     tag_value,
     worker_tags,
 )
@@ -53,7 +59,7 @@ T = TypeVar("T")
 # GPU types boot from Block Storage (L4/L40S/H100 accept no local volume); sizes are bytes.
 ROOT_VOLUME_BYTES = 50 * 10**9
 USER_DATA_KEY = "cloud-init"
-_GONE_VOLUME_STATES = frozenset({"deleted"})
+_GONE_VOLUME_STATES = frozenset({VolumeStatus.DELETED.value})
 _LOCAL_VOLUME_TYPES = frozenset({"l_ssd", "scratch"})
 _PAGE = 100
 
@@ -105,6 +111,33 @@ def _response_of(exc: BaseException) -> requests.Response | None:
     return found
 
 
+def retry_after(res: requests.Response) -> float | None:
+    """The seconds a `Retry-After` header asks for, or None (absent, or an HTTP date, which
+    would need the API's clock to read)."""
+    raw = res.headers.get("retry-after", "").strip()
+    try:
+        seconds = float(raw)
+    except ValueError:
+        return None
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None
+
+
+def _unraised_error(exc: BaseException) -> ScalewayException | None:
+    """The API error the SDK failed to raise: for a body whose message is "Validation Error"
+    `_throw_on_error` reads `data["fields"]` unguarded, so one without `fields` escapes as a
+    KeyError. The response is still in that frame; only a KeyError raised there qualifies."""
+    if not isinstance(exc, KeyError):
+        return None
+    tb = exc.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        res = frame.f_locals.get("res")
+        if frame.f_code.co_name == "_throw_on_error" and isinstance(res, requests.Response):
+            return ScalewayException(res)
+        tb = tb.tb_next
+    return None
+
+
 def _explain(body: dict[str, Any]) -> str:
     """What the API says beyond its message: invalid arguments, quotas, permissions, fields."""
     parts: list[str] = []
@@ -144,13 +177,16 @@ def classify(exc: BaseException, what: str, secrets: Collection[str] = ()) -> Pr
         ctype = res.headers.get("content-type", "").split(";")[0] or "no content type"
         shape = f"non-JSON body ({ctype})" if res.content else "empty body"
         said = redact_detail(f"{what}: HTTP {res.status_code}, {shape}", secrets)
-        if res.status_code >= 500 or res.status_code == 429:
+        if res.status_code == 429:  # a proxy's page: a rate limit all the same
+            return RateLimited(said, retry_after=retry_after(res))
+        if res.status_code >= 500:
             return ProviderUnavailable(said)
         return InvalidArgument(said)
     if isinstance(exc, requests.exceptions.Timeout):
         return ProviderTimeout(f"{what}: the API did not answer in time")
     if isinstance(exc, requests.exceptions.RequestException):
         return ProviderUnavailable(f"{what}: cannot reach the API ({type(exc).__name__})")
+    exc = _unraised_error(exc) or exc
     if not isinstance(exc, ScalewayException):
         return ProviderUnavailable(f"{what}: unexpected failure ({type(exc).__name__})")
     status = exc.response.status_code
@@ -176,9 +212,11 @@ def classify(exc: BaseException, what: str, secrets: Collection[str] = ()) -> Pr
         return _Busy(said)
     if kind in ("permissions_denied", "denied_authentication") or status in (401, 403):
         return PermissionDenied(said)
-    if status >= 500 or status == 429 or kind == "too_many_requests":
-        # A rate limit is the API's, not the request's, fault: retried later on the same
-        # profile, as the non-JSON 429 above is.
+    if status == 429 or kind == "too_many_requests":
+        # The API's, not the request's, fault: retried later on the same profile, when the API
+        # says (Retry-After), as the non-JSON 429 above is.
+        return RateLimited(said, retry_after=retry_after(exc.response))
+    if status >= 500:
         return ProviderUnavailable(said)
     return InvalidArgument(said)
 
@@ -206,16 +244,17 @@ def teardown_step(state: str, allowed: Collection[str]) -> str:
     A listed action wins over the per-state default, so an API that allows more still gets a
     step that works.
     """
-    if state == "stopped":
+    known = InstanceState.of(state)
+    if known == InstanceState.STOPPED:
         return DELETE
-    if state in ("stopping", "locked"):
+    if known in (InstanceState.STOPPING, InstanceState.LOCKED):
         return WAIT
     for action in _PREFERRED:
         if action in allowed:
             return action
-    if state in ("running", "stopped in place", "stopped_in_place"):
+    if known in (InstanceState.RUNNING, InstanceState.STOPPED_IN_PLACE):
         return TERMINATE
-    if state == "starting":
+    if known == InstanceState.STARTING:
         return STOP_IN_PLACE
     return WAIT
 
@@ -295,7 +334,7 @@ class ScalewayProvider:
         worker_id = tag_value(tags, WORKER_TAG)
         return Instance(
             instance_id=server.id,
-            state=str(server.state),
+            state=InstanceState.of(server.state),
             worker_id=worker_id,
             profile=tag_value(tags, PROFILE_TAG),
             resources=self._resources(server, zone, worker_id),
@@ -374,12 +413,13 @@ class ScalewayProvider:
         # Right after the 202 the API may still show `stopped` with nothing said: that server
         # is on its way up, not out of stock (app.fleet.planner waits for `starting` or a
         # stock detail). A failed look reports "unknown", never an assumed `starting`.
-        state, detail = "unknown", ""
+        state: str = InstanceState.UNKNOWN
+        detail = ""
         with contextlib.suppress(ProviderError):
             after = self._get_server(server.id, zone)
             if after is not None:
-                state, detail = str(after.state), str(after.state_detail or "")
-        if state in STOPPED_STATES and stock_detail(detail):
+                state, detail = InstanceState.of(after.state), str(after.state_detail or "")
+        if is_stopped(state) and stock_detail(detail):
             error = OutOfStock(
                 redact_detail(
                     f"server_action poweron: accepted, then the server fell back to {state}"
@@ -418,7 +458,11 @@ class ScalewayProvider:
                     zone=zone, tags=[FLEET_TAG], project=self._project or None, per_page=_PAGE
                 ),
             )
-            found.extend(self._instance_of(s, zone) for s in servers)
+            # Checked on each server's own tags: the `tags` filter narrows the listing, but what
+            # it matches at Scaleway is not confirmed, and whatever this returns may be deleted.
+            found.extend(
+                self._instance_of(s, zone) for s in servers if is_fleet_worker(list(s.tags or []))
+            )
         return found
 
     def availability(self, profile: Profile) -> str | None:
@@ -534,15 +578,20 @@ class ScalewayProvider:
         return None if status in _GONE_VOLUME_STATES else status
 
     def _delete_volume(self, volume_id: str, zone: str, deadline: float) -> bool:
-        """True once the volume is confirmed gone."""
+        """True once the volume is confirmed gone (a read answers 404, or `deleted`).
+
+        A volume `deleting` has had its DELETE accepted: it is not waited for here (that could
+        take the whole teardown wait, holding up the rest), only read again next round.
+        """
         status = self._volume_status(volume_id, zone)
-        while status is not None and status != "available" and time.monotonic() < deadline:
+        settled = (None, VolumeStatus.AVAILABLE.value, VolumeStatus.DELETING.value)
+        while status not in settled and time.monotonic() < deadline:
             time.sleep(self._poll)  # detaching after the server went away
             status = self._volume_status(volume_id, zone)
         if status is None:
             return True
-        if status != "available":
-            return False
+        if status != VolumeStatus.AVAILABLE.value:
+            return False  # still detaching, or deleting: the next round reads it again
         with contextlib.suppress(_NotFound, _Busy):
             self._call(
                 "block delete_volume",
