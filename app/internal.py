@@ -20,7 +20,7 @@ from app.fleet import readiness
 from app.inputs import MAX_JSON_BYTES, json_problem, read_body
 from app.jobs import service
 from app.models import JobStatus, Worker
-from gpu_worker.bounds import Seconds
+from gpu_worker.protocol.bounds import Seconds
 from gpu_worker.protocol.claim import ClaimedJob
 from gpu_worker.protocol.failure import Failure
 from gpu_worker.protocol.transcript import Transcript

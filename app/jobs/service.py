@@ -39,7 +39,7 @@ from app.models import (
 )
 from app.observability import record_job_finished
 from app.transitions import move_job
-from gpu_worker.bounds import finite_or_none
+from gpu_worker.protocol.bounds import finite_or_none
 
 log = logging.getLogger(__name__)
 

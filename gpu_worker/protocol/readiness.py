@@ -43,7 +43,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from gpu_worker.bounds import Seconds
+from gpu_worker.protocol.bounds import Seconds
 
 Capability = tuple[int, int]
 # A count or size the worker measured (threads, MiB, bytes): never negative.

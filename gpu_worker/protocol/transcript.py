@@ -12,9 +12,9 @@ Invariants:
   never stored": only what is declared here reaches the database and the API's JSON. On the
   worker's side nothing is lost by not forbidding them: its models are built with keyword
   arguments, which mypy checks against the declared fields.
-- Every number is finite and bounded (gpu_worker/bounds.py); a non-finite or out-of-range
-  number is refused, never clamped. A statistic the decoder could not measure is None: the
-  worker says so with `measured()` before building, rather than sending `-inf`.
+- Every number is finite and bounded (gpu_worker/protocol/bounds.py); a non-finite or
+  out-of-range number is refused, never clamped. A statistic the decoder could not measure
+  is None: the worker says so with `measured()` before building, rather than sending `-inf`.
 - Text holds no NUL and no lone surrogate (`StorableText`): PostgreSQL refuses both.
 - Fields an older worker may not send have defaults; `to_json()` sends exactly the fields
   the worker set, and `words` only when word timestamps ran.
@@ -27,7 +27,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from gpu_worker.bounds import MAX_TOKEN, Probability, Seconds, Statistic, Token
+from gpu_worker.protocol.bounds import MAX_TOKEN, Probability, Seconds, Statistic, Token
 
 
 def _storable(value: str) -> str:
