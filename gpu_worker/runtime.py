@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
-from typing import Literal, get_args
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
@@ -20,17 +19,14 @@ from gpu_worker.protocol.runtime import (
     ALIGNMENT_DEVICES,
     COMPUTE_TYPES,
     DEFAULT_DRAIN_TIMEOUT_SECONDS,
+    DEVICES,
     VAD_BACKENDS,
     AlignmentDevice,
     ComputeType,
+    Device,
     VadBackend,
 )
 from gpu_worker.protocol.usage import DEFAULT_REPORT_INTERVAL_SECONDS
-
-Device = Literal["cpu", "cuda"]
-
-DEVICES: tuple[str, ...] = get_args(Device)
-
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")  # ids go into URL paths
 _TOKEN = re.compile(r"^[0-9a-f]{64}$")  # HMAC-SHA256, hex

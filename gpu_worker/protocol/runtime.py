@@ -5,8 +5,8 @@ A profile's settings (app/config.py) become the worker's environment (`MURMUR_CO
 and reports back at readiness, where the control plane compares them with the profile.
 
 Invariants:
-- `COMPUTE_TYPES`, `VAD_BACKENDS` and `ALIGNMENT_DEVICES` are the closed sets both sides
-  accept, in the protocol's order (the order error messages list them in).
+- `DEVICES`, `COMPUTE_TYPES`, `VAD_BACKENDS` and `ALIGNMENT_DEVICES` are the closed sets both
+  sides accept, in the protocol's order (the order error messages list them in).
 - `supported_compute_types` is CTranslate2's capability rule (docs/runtime.md, "Checks, in
   order"): float16 needs CUDA capability >= 7.0; int8 needs >= 7.0 or exactly 6.1; bfloat16
   needs >= 8.0. The control
@@ -21,10 +21,12 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
+Device = Literal["cpu", "cuda"]
 ComputeType = Literal["float16", "float32", "int8", "int8_float16", "int8_float32", "bfloat16"]
 VadBackend = Literal["silero", "pyannote"]
 AlignmentDevice = Literal["cuda", "cpu", "none"]
 
+DEVICES: tuple[str, ...] = get_args(Device)
 COMPUTE_TYPES: tuple[str, ...] = get_args(ComputeType)
 VAD_BACKENDS: tuple[str, ...] = get_args(VadBackend)
 ALIGNMENT_DEVICES: tuple[str, ...] = get_args(AlignmentDevice)
