@@ -146,9 +146,9 @@ def _compute_type_problems(profile: RuntimeProfile, facts: DeviceFacts) -> list[
                 f"MURMUR_COMPUTE_TYPE: cannot tell whether {wanted!r} runs on this GPU "
                 "(neither its CUDA capability nor CTranslate2's supported types are known)"
             ]
-        # Both must agree: the capability rule is the design's (float16 refused below 7.0
-        # even if CT2_CUDA_ALLOW_FP16 forces CTranslate2 to accept it), CTranslate2's own
-        # answer is what will actually load.
+        # Both must agree: the capability rule is the protocol's (supported_compute_types:
+        # float16 refused on an old GPU even if CT2_CUDA_ALLOW_FP16 forces CTranslate2 to
+        # accept it), CTranslate2's own answer is what will actually load.
         supported = frozenset(COMPUTE_TYPES)
         if facts.cuda_capability is not None:
             supported &= supported_compute_types(facts.cuda_capability)

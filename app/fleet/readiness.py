@@ -22,7 +22,7 @@ from app.fleet.planner import Death
 from app.models import ProfileState, Worker, WorkerState
 from app.transitions import move_worker
 from gpu_worker.protocol.readiness import ReadinessRuntime
-from gpu_worker.protocol.runtime import supported_compute_types
+from gpu_worker.protocol.runtime import capability_requirement, supported_compute_types
 
 # The runtime fields that must equal the profile's (docs/worker-protocol.md, "Runtime").
 COMPARED_FIELDS = ("model", "compute_type", "vad", "alignment_device", "batch_size")
@@ -80,11 +80,9 @@ def runtime_mismatches(profile: Profile, runtime: ReadinessRuntime) -> list[str]
                 f"that can run {profile.compute_type}"
             )
         elif profile.compute_type not in supported_compute_types(capability):
-            need = "7.0" if "float16" in profile.compute_type else "a newer GPU"
-            if profile.compute_type == "bfloat16":
-                need = "8.0"
+            need = capability_requirement(profile.compute_type) or "a newer GPU"
             problems.append(
-                f"compute_type: {profile.compute_type} needs CUDA capability >= {need}; "
+                f"compute_type: {profile.compute_type} needs {need}; "
                 f"the worker's GPU has {capability[0]}.{capability[1]}"
             )
     return problems

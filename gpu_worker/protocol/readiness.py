@@ -44,8 +44,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gpu_worker.protocol.bounds import Seconds
+from gpu_worker.protocol.runtime import Capability
 
-Capability = tuple[int, int]
 # A count or size the worker measured (threads, MiB, bytes): never negative.
 Count = Annotated[int, Field(ge=0)]
 
