@@ -19,7 +19,7 @@ from pathlib import Path
 
 from app.config import Profile, Settings, worker_image_problem
 from app.credentials import InstanceCredential
-from app.fleet.catalog import SERVER_TYPES
+from app.fleet.catalog import server_device
 from app.redis_primary import broker_url
 from gpu_worker.broker_tls import is_tls
 from gpu_worker.protocol.runtime import DEFAULT_DRAIN_TIMEOUT_SECONDS, EXIT_RUNTIME_MISMATCH
@@ -51,8 +51,6 @@ def worker_environment(
 ) -> dict[str, str]:
     """The worker's variables; `broker_url` carries its own broker user when it has one."""
     credential = InstanceCredential.derive(settings.reveal("signing_key"), worker_id, instance_id)
-    stype = SERVER_TYPES.get(profile.server_type)
-    device = "cuda" if stype is not None and stype.gpu is not None else "cpu"
     broker = broker_url or settings.worker_broker_url or settings.redis_url
     # The control plane's path: right for a local subprocess; render_user_data ships the file.
     tls_ca = (
@@ -69,7 +67,7 @@ def worker_environment(
         **tls_ca,
         "MURMUR_PROFILE": profile.name,
         "MURMUR_MODEL": profile.model,
-        "MURMUR_DEVICE": device,
+        "MURMUR_DEVICE": server_device(profile.server_type),
         "MURMUR_COMPUTE_TYPE": profile.compute_type,
         "MURMUR_VAD": profile.vad,
         "MURMUR_ALIGNMENT_DEVICE": profile.alignment_device,
@@ -101,8 +99,7 @@ def render_user_data(env: dict[str, str], profile: Profile) -> str:
     problem = worker_image_problem(image)
     if problem is not None:
         raise ValueError(f"profile {profile.name}: worker_image: {problem}")
-    stype = SERVER_TYPES.get(profile.server_type)
-    gpus = stype is not None and stype.gpu is not None
+    gpus = server_device(profile.server_type) == "cuda"
     # Written into the env file so the unit's stop timeout and the worker's drain agree.
     env = {DRAIN_TIMEOUT_VAR: f"{DEFAULT_DRAIN_TIMEOUT_SECONDS:g}", **env}
     ca_file = ""
