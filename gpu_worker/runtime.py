@@ -25,6 +25,7 @@ from gpu_worker.protocol.runtime import (
     ComputeType,
     Device,
     VadBackend,
+    alignment_fits,
 )
 from gpu_worker.protocol.usage import DEFAULT_REPORT_INTERVAL_SECONDS
 
@@ -121,7 +122,7 @@ def load_runtime_profile(
 
     # Consistency: a GPU alignment model beside a CPU-only ASR runtime means the profile and
     # the server it was written for disagree.
-    if alignment_device == "cuda" and device == "cpu":
+    if not alignment_fits(device, alignment_device):
         reader.problems.append(
             "MURMUR_ALIGNMENT_DEVICE: 'cuda' needs MURMUR_DEVICE=cuda (this runtime is cpu)"
         )

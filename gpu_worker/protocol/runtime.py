@@ -13,6 +13,8 @@ Invariants:
   every message uses) are read from it. The control plane refuses a profile whose server type
   cannot run its compute type, and a worker whose GPU cannot, and the worker refuses to start
   on such a device, by the same rule.
+- Alignment on `cuda` needs the ASR runtime on `cuda` (`alignment_fits`): the control plane
+  refuses such a profile on a CPU-only server type, the worker such an environment.
 - The worker process and the unit that runs it agree on `DEFAULT_DRAIN_TIMEOUT_SECONDS` (the
   unit's stop timeout outlasts it) and on `EXIT_RUNTIME_MISMATCH` (the unit does not restart
   a worker the control plane refused).
@@ -79,3 +81,12 @@ def capability_requirement(compute_type: str) -> str | None:
         return "any CUDA capability"
     older = "".join(f" or exactly {m}.{n}" for m, n in sorted(also))
     return f"CUDA capability >= {major}.{minor}{older}"
+
+
+def alignment_fits(device: str, alignment_device: str) -> bool:
+    """Whether word alignment on `alignment_device` can run beside an ASR runtime on `device`.
+
+    CUDA alignment needs a GPU: `cuda` alignment beside a `cpu` runtime means the profile and
+    the server it was written for disagree.
+    """
+    return not (alignment_device == "cuda" and device == "cpu")
