@@ -21,11 +21,11 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
-from urllib.parse import quote
 
 import requests
 from pydantic import SecretStr
 
+from gpu_worker.protocol import routes
 from gpu_worker.protocol.bounds import MAX_SECONDS
 from gpu_worker.protocol.usage import (
     MAX_LOG_BYTES_PER_REPORT,
@@ -105,8 +105,8 @@ class UsageReporter:
         if interval_seconds <= 0:
             raise ValueError("interval_seconds must be positive")
         self._url = (
-            f"{control_url.rstrip('/')}/internal/workers/"
-            f"{quote(worker_id, safe='')}/{quote(instance_id, safe='')}/report"
+            f"{control_url.rstrip('/')}{routes.worker_prefix(worker_id, instance_id)}"
+            f"{routes.REPORT}"
         )
         self._token = token
         self._state = state
