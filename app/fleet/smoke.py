@@ -43,6 +43,7 @@ from app.jobs.dispatch import send_dispatched
 from app.models import LIVE_WORKER_STATES, Job, JobStatus, Worker, WorkerState, new_id
 from app.services import Services, build_services
 from app.transitions import move_job, move_worker
+from gpu_worker.protocol.failure import CANCELLED
 from gpu_worker.protocol.readiness import ReadinessRuntime
 
 log = logging.getLogger("murmur.fleet.smoke")
@@ -335,7 +336,7 @@ def _cancel(svc: Services, job_id: str) -> None:
             [status for status in JobStatus if not status.finished],
             JobStatus.CANCELLED,
             finished_at=svc.clock(),
-            error_code="cancelled",
+            error_code=CANCELLED,
             error_message="cancelled by murmur smoke",
         )
 

@@ -40,6 +40,7 @@ from app.models import (
 from app.observability import record_job_finished
 from app.transitions import move_job
 from gpu_worker.protocol.bounds import finite_or_none
+from gpu_worker.protocol.failure import CANCELLED
 
 log = logging.getLogger(__name__)
 
@@ -285,7 +286,7 @@ def cancel_job(db: Database, job_id: str, owner: str, *, now: datetime) -> Job:
         cancellable,
         JobStatus.CANCELLED,
         finished_at=now,
-        error_code="cancelled",
+        error_code=CANCELLED,
         error_message="cancelled by the client",
     )
     if not done:
