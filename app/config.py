@@ -25,6 +25,7 @@ from gpu_worker.protocol.runtime import (
     AlignmentDevice,
     ComputeType,
     VadBackend,
+    alignment_fits,
     supported_compute_types,
 )
 from gpu_worker.protocol.usage import DEFAULT_REPORT_INTERVAL_SECONDS
@@ -540,7 +541,7 @@ def check_settings(settings: Settings, *, role: str = "control") -> list[str]:
                     f"{where}.zone: {p.server_type} is not offered in {p.zone} "
                     f"(offered in {', '.join(sorted(stype.zones))})"
                 )
-            if stype.gpu is None and p.alignment_device == "cuda":
+            if not alignment_fits(stype.device, p.alignment_device):
                 problems.append(f"{where}.alignment_device: cuda on a CPU-only server type")
             if (p.provider == "local") != (stype.gpu is None):
                 problems.append(

@@ -3,6 +3,9 @@
 Workers authenticate with their instance credential (see app.auth.authenticate_worker); the
 audio route needs no credential but a signed, expiring URL issued by a successful claim, and
 serves only while that claim holds the job: same worker, same attempt, job still running.
+The routes are the protocol's templates (gpu_worker/protocol/routes.py) and the bodies are
+parsed with the protocol's models, the ones the worker builds them with; a body that does not
+parse is `400 invalid_body` naming the first field at fault.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from flask import Blueprint, Response, jsonify, request, send_file
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ValidationError, field_validator
 
 from app.auth import authenticate_worker
 from app.context import services
@@ -20,30 +23,25 @@ from app.fleet import readiness
 from app.inputs import MAX_JSON_BYTES, json_problem, read_body
 from app.jobs import service
 from app.models import JobStatus, Worker
-from gpu_worker.bounds import Seconds
+from gpu_worker.protocol import routes
 from gpu_worker.protocol.claim import ClaimedJob
 from gpu_worker.protocol.failure import Failure
-from gpu_worker.protocol.transcript import Transcript
+from gpu_worker.protocol.readiness import ReadyBody
+from gpu_worker.protocol.transcript import ResultBody
 
-internal_bp = Blueprint("internal", __name__, url_prefix="/internal")
+internal_bp = Blueprint("internal", __name__, url_prefix=routes.INTERNAL_PREFIX)
 
 # A transcript of hours of audio with words is a few MB; nothing a worker sends is larger.
 MAX_RESULT_BYTES = 32 * 1024 * 1024
 
 
-class _Result(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-    # A newer worker's extra transcript fields are dropped, never stored (the protocol's
-    # models ignore them); the envelope itself is ours and stays strict.
-    transcript: Transcript
-    processing_seconds: Seconds
+class _Ready(ReadyBody):
+    """The protocol's body, and what this side can store of it.
 
-
-class _Ready(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    # Typed afterwards by the protocol's model (readiness.read_runtime): a runtime of the
-    # wrong shape is the worker's mismatch (409, the worker failed with why), not a bad body.
-    runtime: dict[str, Any]
+    `runtime` is typed afterwards by the protocol's model (readiness.read_runtime): a runtime
+    of the wrong shape is the worker's mismatch (409, the worker failed with why), not a bad
+    body; one this side could not store is.
+    """
 
     @field_validator("runtime")
     @classmethod
@@ -67,7 +65,7 @@ def _body(model: type[BaseModel], limit: int = MAX_JSON_BYTES) -> Any:
         raise ApiError(400, "invalid_body", f"{where}: {first['msg']}") from None
 
 
-@internal_bp.post("/workers/<worker_id>/<instance_id>/ready")
+@internal_bp.post(routes.flask_rule(routes.WORKER_PREFIX, routes.READY))
 def worker_ready(worker_id: str, instance_id: str) -> Response:
     worker = authenticate_worker(worker_id, instance_id)
     body: _Ready = _body(_Ready)
@@ -95,7 +93,7 @@ def worker_ready(worker_id: str, instance_id: str) -> Response:
     return jsonify({"accepted": True})
 
 
-@internal_bp.post("/workers/<worker_id>/<instance_id>/jobs/<job_id>/claim")
+@internal_bp.post(routes.flask_rule(routes.WORKER_PREFIX, routes.CLAIM))
 def claim(worker_id: str, instance_id: str, job_id: str) -> Response:
     worker = authenticate_worker(worker_id, instance_id)
     svc = services()
@@ -115,7 +113,7 @@ def claim(worker_id: str, instance_id: str, job_id: str) -> Response:
         job.attempts,
         svc.settings.api.signed_url_ttl_seconds,
     )
-    audio_url = f"{svc.settings.api.public_url.rstrip('/')}/internal/audio/{job.id}?{query}"
+    audio_url = f"{svc.settings.api.public_url.rstrip('/')}{routes.audio_path(job.id)}?{query}"
     claimed = ClaimedJob(
         id=job.id,
         language=job.language,
@@ -130,7 +128,7 @@ def claim(worker_id: str, instance_id: str, job_id: str) -> Response:
     return jsonify({"job": claimed.model_dump()})
 
 
-@internal_bp.post("/workers/<worker_id>/<instance_id>/jobs/<job_id>/release")
+@internal_bp.post(routes.flask_rule(routes.WORKER_PREFIX, routes.RELEASE))
 def release(worker_id: str, instance_id: str, job_id: str) -> Response:
     """A draining worker gives a job back before it stops; the next worker may claim it."""
     worker = authenticate_worker(worker_id, instance_id)
@@ -138,7 +136,7 @@ def release(worker_id: str, instance_id: str, job_id: str) -> Response:
     return jsonify({"released": service.release_job(svc.db, job_id, worker.id, now=svc.clock())})
 
 
-@internal_bp.post("/workers/<worker_id>/<instance_id>/jobs/<job_id>/status")
+@internal_bp.post(routes.flask_rule(routes.WORKER_PREFIX, routes.STATUS))
 def job_status(worker_id: str, instance_id: str, job_id: str) -> Response:
     """Polled by a busy worker every few seconds: once it no longer holds the job (cancelled,
     re-routed, finished elsewhere) it stops transcribing and frees itself."""
@@ -146,7 +144,7 @@ def job_status(worker_id: str, instance_id: str, job_id: str) -> Response:
     return jsonify({"held": service.job_held_by(services().db, job_id, worker.id)})
 
 
-@internal_bp.post("/workers/<worker_id>/<instance_id>/heartbeat")
+@internal_bp.post(routes.flask_rule(routes.WORKER_PREFIX, routes.HEARTBEAT))
 def heartbeat(worker_id: str, instance_id: str) -> Response:
     """Liveness without usage reports: the fleet deletes workers that miss three in a row."""
     worker = authenticate_worker(worker_id, instance_id)
@@ -155,7 +153,7 @@ def heartbeat(worker_id: str, instance_id: str) -> Response:
     return jsonify({"ok": True})
 
 
-@internal_bp.get("/audio/<job_id>")
+@internal_bp.get(routes.flask_rule(routes.AUDIO))
 def audio(job_id: str) -> Response:
     svc = services()
     args = request.args
@@ -184,10 +182,10 @@ def audio(job_id: str) -> Response:
     return send_file(svc.storage.open(job.audio_key), mimetype="application/octet-stream")
 
 
-@internal_bp.post("/workers/<worker_id>/<instance_id>/jobs/<job_id>/result")
+@internal_bp.post(routes.flask_rule(routes.WORKER_PREFIX, routes.RESULT))
 def result(worker_id: str, instance_id: str, job_id: str) -> Response:
     worker = authenticate_worker(worker_id, instance_id)
-    body: _Result = _body(_Result, MAX_RESULT_BYTES)
+    body: ResultBody = _body(ResultBody, MAX_RESULT_BYTES)
     svc = services()
     transcript = body.transcript.model_dump(exclude_none=True)
     stored = service.store_result(
@@ -198,7 +196,7 @@ def result(worker_id: str, instance_id: str, job_id: str) -> Response:
     return jsonify({"stored": stored})
 
 
-@internal_bp.post("/workers/<worker_id>/<instance_id>/jobs/<job_id>/failure")
+@internal_bp.post(routes.flask_rule(routes.WORKER_PREFIX, routes.FAILURE))
 def failure(worker_id: str, instance_id: str, job_id: str) -> Response:
     worker = authenticate_worker(worker_id, instance_id)
     body: Failure = _body(Failure)

@@ -1,8 +1,8 @@
 """The API's JSON encoder: every response is valid JSON, whatever a stored row holds.
 
 A non-finite float is written as null rather than as `NaN`/`Infinity` (which no strict JSON
-parser accepts); the wire types of gpu_worker/bounds.py keep new ones out, this keeps a row
-stored before them from breaking a whole listing.
+parser accepts); the wire types of gpu_worker/protocol/bounds.py keep new ones out, this keeps
+a row stored before them from breaking a whole listing.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 from flask.json.provider import DefaultJSONProvider
 
-from gpu_worker.bounds import finite_or_none
+from gpu_worker.protocol.bounds import finite_or_none
 
 
 class FiniteJSONProvider(DefaultJSONProvider):

@@ -17,11 +17,10 @@ from typing import Any
 from celery import Celery, Task
 from celery.exceptions import Reject
 
-from gpu_worker.broker import unacked_keys
 from gpu_worker.broker_tls import celery_broker
 from gpu_worker.client import ControlPlaneError, ControlPlaneUnavailable
 from gpu_worker.jobs import DrainDeadlineExceeded, Outcome
-from gpu_worker.protocol.broker import TRANSCRIBE_TASK, VISIBILITY_TIMEOUT_SECONDS
+from gpu_worker.protocol.broker import TRANSCRIBE_TASK, VISIBILITY_TIMEOUT_SECONDS, unacked_keys
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +43,7 @@ def celery_config(
         # system's CAs), whatever the URL's query says (gpu_worker/broker_tls.py).
         **celery_broker(broker_url, broker_ca_certs),
         "broker_connection_retry_on_startup": True,
-        # In-flight messages under this queue's own keys (gpu_worker/broker.py).
+        # In-flight messages under this queue's own keys (gpu_worker/protocol/broker.py).
         "broker_transport_options": {
             "visibility_timeout": VISIBILITY_TIMEOUT_SECONDS,
             **sentinel,

@@ -1,9 +1,11 @@
 """The worker's HTTP client for the control plane: ready, claim, status, result, failure, audio.
 
-Every call has a bounded timeout. The bearer token goes only to the control plane's
-`/internal/workers/...` endpoints, never to the audio URL, and neither the token nor a
-signed URL's query string appears in a log line or an exception message: requests puts the
-full URL into its exception texts, so those are replaced, not chained.
+Every path comes from gpu_worker/protocol/routes.py and every body from the protocol's models,
+the ones the control plane parses with. Every call has a bounded timeout. The bearer token
+goes only to the control plane's `/internal/workers/...` endpoints, never to the audio URL,
+and neither the token nor a signed URL's query string appears in a log line or an exception
+message: requests puts the full URL into its exception texts, so those are replaced, not
+chained.
 """
 
 from __future__ import annotations
@@ -13,14 +15,16 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping
 from typing import IO, Any
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import requests
 from pydantic import SecretStr, ValidationError
 
+from gpu_worker.protocol import routes
 from gpu_worker.protocol.claim import ClaimedJob
-from gpu_worker.protocol.failure import MAX_FAILURE_MESSAGE
-from gpu_worker.protocol.readiness import ReadinessRuntime
+from gpu_worker.protocol.failure import Failure
+from gpu_worker.protocol.readiness import ReadinessRuntime, ReadyBody
+from gpu_worker.protocol.transcript import ResultBody, Transcript
 
 log = logging.getLogger(__name__)
 # urllib3 logs every request line, query string (audio signature) included, at DEBUG.
@@ -88,9 +92,7 @@ class ControlPlaneClient:
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self._base = control_url.rstrip("/")
-        self._worker_path = (
-            f"/internal/workers/{quote(worker_id, safe='')}/{quote(instance_id, safe='')}"
-        )
+        self._worker_path = routes.worker_prefix(worker_id, instance_id)
         self._token = token
         self._session = session or requests.Session()
         self._timeout = timeout
@@ -101,7 +103,7 @@ class ControlPlaneClient:
     def ready(self, runtime: ReadinessRuntime) -> None:
         """Report readiness; raises RuntimeMismatch when the control plane refuses it."""
         try:
-            self._post("/ready", {"runtime": runtime.to_json()}, retry=True)
+            self._post(routes.READY, ReadyBody.of(runtime).to_json(), retry=True)
         except ControlPlaneError as exc:
             if exc.status == 409:
                 raise RuntimeMismatch(str(exc), status=409, code=exc.code) from None
@@ -111,7 +113,7 @@ class ControlPlaneClient:
         """Claim a job; None when it is not claimable (done, cancelled, someone else's)."""
         try:
             # No retry here: the task retries as a whole, so one claim is one request.
-            body = self._post(f"/jobs/{quote(job_id, safe='')}/claim", {}, retry=False)
+            body = self._post(routes.job_route(routes.CLAIM, job_id), {}, retry=False)
         except ControlPlaneError as exc:
             if exc.status == 409:
                 return None
@@ -121,45 +123,37 @@ class ControlPlaneClient:
         except (KeyError, TypeError, ValidationError) as exc:
             raise ControlPlaneError(f"claim for job {job_id}: unexpected answer ({exc})") from None
 
-    def post_result(
-        self, job_id: str, transcript: Mapping[str, Any], processing_seconds: float
-    ) -> bool:
+    def post_result(self, job_id: str, transcript: Transcript, processing_seconds: float) -> bool:
         """Store a transcript; returns False when it was already stored (a repeated run)."""
-        body = self._post(
-            f"/jobs/{quote(job_id, safe='')}/result",
-            {"transcript": dict(transcript), "processing_seconds": processing_seconds},
-            retry=True,
-        )
+        result = ResultBody(transcript=transcript, processing_seconds=processing_seconds)
+        body = self._post(routes.job_route(routes.RESULT, job_id), result.to_json(), retry=True)
         return bool(body.get("stored", False))
 
     def post_failure(self, job_id: str, code: str, message: str) -> bool:
-        body = self._post(
-            f"/jobs/{quote(job_id, safe='')}/failure",
-            # The control plane refuses longer messages (422), which would lose the failure.
-            {"code": code, "message": message[:MAX_FAILURE_MESSAGE]},
-            retry=True,
-        )
+        # Cut to what the control plane accepts: a longer message would lose the failure.
+        failure = Failure.of(code, message)
+        body = self._post(routes.job_route(routes.FAILURE, job_id), failure.to_json(), retry=True)
         return bool(body.get("stored", False))
 
     def job_held(self, job_id: str) -> bool:
         """Whether the control plane still has this worker on the job (False once cancelled)."""
         body = self._post(
-            f"/jobs/{quote(job_id, safe='')}/status", {}, retry=False, timeout=STATUS_TIMEOUT
+            routes.job_route(routes.STATUS, job_id), {}, retry=False, timeout=STATUS_TIMEOUT
         )
         return bool(body.get("held", True))
 
     def release(self, job_id: str) -> bool:
         """Hand a running job back (draining), so the next worker may claim it at once."""
-        body = self._post(f"/jobs/{quote(job_id, safe='')}/release", {}, retry=False)
+        body = self._post(routes.job_route(routes.RELEASE, job_id), {}, retry=False)
         return bool(body.get("released", False))
 
     def heartbeat(self) -> None:
         """Say this worker process is alive (when usage reports, which also say so, are off)."""
-        self._post("/heartbeat", {}, retry=False)
+        self._post(routes.HEARTBEAT, {}, retry=False)
 
     def post_report(self, report: Mapping[str, Any]) -> None:
         """Send a usage report (docs/observability.md); for the reporter thread."""
-        self._post("/report", dict(report), retry=False)
+        self._post(routes.REPORT, dict(report), retry=False)
 
     def download_audio(
         self, audio_url: str, *, max_bytes: int = DEFAULT_MAX_AUDIO_BYTES

@@ -15,6 +15,12 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpu_worker.protocol.environment import (
+    ALIGNMENT_DEVICE_VAR,
+    COMPUTE_TYPE_VAR,
+    DEVICE_VAR,
+    VAD_VAR,
+)
 from gpu_worker.protocol.runtime import COMPUTE_TYPES, CPU_COMPUTE_TYPES, supported_compute_types
 from gpu_worker.runtime import RuntimeProfile
 
@@ -125,11 +131,11 @@ def check_hardware(
 def _cuda_settings(profile: RuntimeProfile) -> list[str]:
     settings = []
     if profile.device == "cuda":
-        settings.append("MURMUR_DEVICE=cuda")
+        settings.append(f"{DEVICE_VAR}=cuda")
         if profile.vad == "pyannote":
-            settings.append("MURMUR_VAD=pyannote (runs on the ASR device)")
+            settings.append(f"{VAD_VAR}=pyannote (runs on the ASR device)")
     if profile.alignment_device == "cuda":
-        settings.append("MURMUR_ALIGNMENT_DEVICE=cuda")
+        settings.append(f"{ALIGNMENT_DEVICE_VAR}=cuda")
     return settings
 
 
@@ -143,12 +149,12 @@ def _compute_type_problems(profile: RuntimeProfile, facts: DeviceFacts) -> list[
     else:
         if facts.cuda_capability is None and facts.ct2_cuda_compute_types is None:
             return [
-                f"MURMUR_COMPUTE_TYPE: cannot tell whether {wanted!r} runs on this GPU "
+                f"{COMPUTE_TYPE_VAR}: cannot tell whether {wanted!r} runs on this GPU "
                 "(neither its CUDA capability nor CTranslate2's supported types are known)"
             ]
-        # Both must agree: the capability rule is the design's (float16 refused below 7.0
-        # even if CT2_CUDA_ALLOW_FP16 forces CTranslate2 to accept it), CTranslate2's own
-        # answer is what will actually load.
+        # Both must agree: the capability rule is the protocol's (supported_compute_types:
+        # float16 refused on an old GPU even if CT2_CUDA_ALLOW_FP16 forces CTranslate2 to
+        # accept it), CTranslate2's own answer is what will actually load.
         supported = frozenset(COMPUTE_TYPES)
         if facts.cuda_capability is not None:
             supported &= supported_compute_types(facts.cuda_capability)
@@ -159,7 +165,7 @@ def _compute_type_problems(profile: RuntimeProfile, facts: DeviceFacts) -> list[
         return []
     allowed = _ordered(supported) or ["none"]
     return [
-        f"MURMUR_COMPUTE_TYPE: {wanted!r} is not supported on {where}; "
+        f"{COMPUTE_TYPE_VAR}: {wanted!r} is not supported on {where}; "
         f"use one of {', '.join(allowed)}"
     ]
 
@@ -167,9 +173,9 @@ def _compute_type_problems(profile: RuntimeProfile, facts: DeviceFacts) -> list[
 def _torch_problems(profile: RuntimeProfile, facts: DeviceFacts) -> list[str]:
     users = []
     if profile.vad == "pyannote" and profile.device == "cuda":
-        users.append("MURMUR_VAD=pyannote")
+        users.append(f"{VAD_VAR}=pyannote")
     if profile.alignment_device == "cuda":
-        users.append("MURMUR_ALIGNMENT_DEVICE=cuda")
+        users.append(f"{ALIGNMENT_DEVICE_VAR}=cuda")
     who = " and ".join(users)
     if facts.torch_arch_list is None:
         return [
@@ -186,8 +192,8 @@ def _torch_problems(profile: RuntimeProfile, facts: DeviceFacts) -> list[str]:
         f"has no kernels for {_gpu(facts)}; it was built for "
         f"{', '.join(facts.torch_arch_list)}: install a torch build that lists "
         f"sm_{major}{minor} (the cu126 wheels in "
-        "requirements/worker-gpu.txt), or use MURMUR_VAD=silero and "
-        "MURMUR_ALIGNMENT_DEVICE=cpu or none"
+        f"requirements/worker-gpu.txt), or use {VAD_VAR}=silero and "
+        f"{ALIGNMENT_DEVICE_VAR}=cpu or none"
     ]
 
 

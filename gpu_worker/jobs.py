@@ -14,9 +14,8 @@ from __future__ import annotations
 import enum
 import logging
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import IO, Any, Protocol
+from typing import IO, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -65,7 +64,7 @@ class ControlPlane(Protocol):
     def download_audio(self, audio_url: str) -> IO[bytes]: ...
 
     def post_result(
-        self, job_id: str, transcript: Mapping[str, Any], processing_seconds: float
+        self, job_id: str, transcript: Transcript, processing_seconds: float
     ) -> bool: ...
 
     def post_failure(self, job_id: str, code: str, message: str) -> bool: ...
@@ -124,7 +123,7 @@ def process_job(job_id: str, context: JobContext) -> Outcome:
             context.client.post_failure(job_id, "worker_error", f"{type(exc).__name__}: {exc}")
             return Outcome.FAILED
         processing = time.monotonic() - started
-        stored = context.client.post_result(job_id, transcript.to_json(), processing)
+        stored = context.client.post_result(job_id, transcript, processing)
         log.info(
             "job %s: %.1f s of audio in %.2f s%s",
             job_id,

@@ -21,12 +21,12 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
-from urllib.parse import quote
 
 import requests
 from pydantic import SecretStr
 
-from gpu_worker.bounds import MAX_SECONDS
+from gpu_worker.protocol import routes
+from gpu_worker.protocol.bounds import MAX_SECONDS
 from gpu_worker.protocol.usage import (
     MAX_LOG_BYTES_PER_REPORT,
     MAX_LOG_LINES,
@@ -48,7 +48,8 @@ log = logging.getLogger(__name__)
 
 def _seconds(value: float) -> float:
     # The control plane refuses a whole report for one NaN or out-of-range number (see
-    # gpu_worker/bounds.py); a broken counter reads as 0 rather than silencing every report.
+    # gpu_worker/protocol/bounds.py); a broken counter reads as 0 rather than silencing every
+    # report.
     if not math.isfinite(value):
         return 0.0
     return min(max(float(value), 0.0), MAX_SECONDS)
@@ -104,8 +105,8 @@ class UsageReporter:
         if interval_seconds <= 0:
             raise ValueError("interval_seconds must be positive")
         self._url = (
-            f"{control_url.rstrip('/')}/internal/workers/"
-            f"{quote(worker_id, safe='')}/{quote(instance_id, safe='')}/report"
+            f"{control_url.rstrip('/')}{routes.worker_prefix(worker_id, instance_id)}"
+            f"{routes.REPORT}"
         )
         self._token = token
         self._state = state

@@ -1,8 +1,9 @@
 """The worker's runtime profile, read from the `MURMUR_*` environment and validated fail-closed.
 
 Cloud-init (or the `local` provider) writes the environment described in
-docs/worker-protocol.md. Every value is checked here, before any model loads; a bad value
-stops the worker with one message per bad variable that names it and what it accepts.
+docs/worker-protocol.md, under the names of gpu_worker/protocol/environment.py. Every value
+is checked here, before any model loads; a bad value stops the worker with one message per
+bad variable that names it and what it accepts.
 """
 
 from __future__ import annotations
@@ -10,27 +11,45 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
-from typing import Literal, get_args
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from gpu_worker.protocol.broker import PROFILE_NAME, queue_name
+from gpu_worker.protocol.environment import (
+    ALIGNMENT_DEVICE_VAR,
+    BATCH_SIZE_VAR,
+    BROKER_CA_CERTS_VAR,
+    BROKER_MASTER_NAME_VAR,
+    BROKER_URL_VAR,
+    COMPUTE_TYPE_VAR,
+    CONTROL_URL_VAR,
+    CPU_THREADS_VAR,
+    DEVICE_VAR,
+    DRAIN_TIMEOUT_VAR,
+    IMAGE_PULL_SECONDS_VAR,
+    INSTANCE_ID_VAR,
+    MODEL_VAR,
+    OBSERVABILITY_ENABLED_VAR,
+    PROFILE_VAR,
+    REPORT_INTERVAL_VAR,
+    VAD_VAR,
+    WORKER_ID_VAR,
+    WORKER_TOKEN_VAR,
+)
 from gpu_worker.protocol.runtime import (
     ALIGNMENT_DEVICES,
     COMPUTE_TYPES,
     DEFAULT_DRAIN_TIMEOUT_SECONDS,
+    DEVICES,
     VAD_BACKENDS,
     AlignmentDevice,
     ComputeType,
+    Device,
     VadBackend,
+    alignment_fits,
 )
 from gpu_worker.protocol.usage import DEFAULT_REPORT_INTERVAL_SECONDS
-
-Device = Literal["cpu", "cuda"]
-
-DEVICES: tuple[str, ...] = get_args(Device)
-
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")  # ids go into URL paths
 _TOKEN = re.compile(r"^[0-9a-f]{64}$")  # HMAC-SHA256, hex
@@ -82,7 +101,7 @@ class RuntimeProfile(BaseModel):
     @property
     def queue(self) -> str:
         if self.profile is None:
-            raise RuntimeError("no MURMUR_PROFILE: this runtime does not consume a queue")
+            raise RuntimeError(f"no {PROFILE_VAR}: this runtime does not consume a queue")
         return queue_name(self.profile)
 
     @property
@@ -98,22 +117,18 @@ def load_runtime_profile(
     """Read and validate the runtime; raise RuntimeProfileError listing every bad variable."""
     reader = _EnvReader(environ)
     models = tuple(model_names)
-    model = reader.choice("MURMUR_MODEL", models)
-    device = reader.choice("MURMUR_DEVICE", DEVICES)
-    compute_type = reader.choice("MURMUR_COMPUTE_TYPE", COMPUTE_TYPES)
-    vad = reader.choice("MURMUR_VAD", VAD_BACKENDS)
-    alignment_device = reader.choice("MURMUR_ALIGNMENT_DEVICE", ALIGNMENT_DEVICES)
-    batch_size = reader.integer("MURMUR_BATCH_SIZE", minimum=1, default=1)
-    cpu_threads = reader.integer(
-        "MURMUR_CPU_THREADS", minimum=0, default=0, hint="0 = library default"
-    )
-    observability = reader.choice("MURMUR_OBSERVABILITY_ENABLED", ("0", "1"), default="0")
-    report_interval = reader.seconds(
-        "MURMUR_REPORT_INTERVAL", default=DEFAULT_REPORT_INTERVAL_SECONDS
-    )
-    drain_timeout = reader.seconds("MURMUR_DRAIN_TIMEOUT", default=DEFAULT_DRAIN_TIMEOUT_SECONDS)
+    model = reader.choice(MODEL_VAR, models)
+    device = reader.choice(DEVICE_VAR, DEVICES)
+    compute_type = reader.choice(COMPUTE_TYPE_VAR, COMPUTE_TYPES)
+    vad = reader.choice(VAD_VAR, VAD_BACKENDS)
+    alignment_device = reader.choice(ALIGNMENT_DEVICE_VAR, ALIGNMENT_DEVICES)
+    batch_size = reader.integer(BATCH_SIZE_VAR, minimum=1, default=1)
+    cpu_threads = reader.integer(CPU_THREADS_VAR, minimum=0, default=0, hint="0 = library default")
+    observability = reader.choice(OBSERVABILITY_ENABLED_VAR, ("0", "1"), default="0")
+    report_interval = reader.seconds(REPORT_INTERVAL_VAR, default=DEFAULT_REPORT_INTERVAL_SECONDS)
+    drain_timeout = reader.seconds(DRAIN_TIMEOUT_VAR, default=DEFAULT_DRAIN_TIMEOUT_SECONDS)
     profile = reader.text(
-        "MURMUR_PROFILE",
+        PROFILE_VAR,
         PROFILE_NAME.fullmatch,
         "is not a profile name (lowercase letters, digits and '-', at most 40)",
         required=require_identity,
@@ -125,9 +140,9 @@ def load_runtime_profile(
 
     # Consistency: a GPU alignment model beside a CPU-only ASR runtime means the profile and
     # the server it was written for disagree.
-    if alignment_device == "cuda" and device == "cpu":
+    if not alignment_fits(device, alignment_device):
         reader.problems.append(
-            "MURMUR_ALIGNMENT_DEVICE: 'cuda' needs MURMUR_DEVICE=cuda (this runtime is cpu)"
+            f"{ALIGNMENT_DEVICE_VAR}: 'cuda' needs {DEVICE_VAR}=cuda (this runtime is cpu)"
         )
 
     if reader.problems:
@@ -152,32 +167,30 @@ def load_runtime_profile(
 
 def _read_identity(reader: _EnvReader) -> WorkerIdentity | None:
     worker_id = reader.text(
-        "MURMUR_WORKER_ID",
+        WORKER_ID_VAR,
         _ID.fullmatch,
         "is not an id (letters, digits, '_', '.', '-', at most 128)",
     )
     instance_id = reader.text(
-        "MURMUR_INSTANCE_ID",
+        INSTANCE_ID_VAR,
         _ID.fullmatch,
         "is not an id (letters, digits, '_', '.', '-', at most 128)",
     )
-    token = reader.secret("MURMUR_WORKER_TOKEN", _TOKEN.fullmatch, "is not a 64-character hex HMAC")
-    control_url = reader.text(
-        "MURMUR_CONTROL_URL", _is_http_url, "is not an http:// or https:// URL"
-    )
+    token = reader.secret(WORKER_TOKEN_VAR, _TOKEN.fullmatch, "is not a 64-character hex HMAC")
+    control_url = reader.text(CONTROL_URL_VAR, _is_http_url, "is not an http:// or https:// URL")
     broker_url = reader.secret(
-        "MURMUR_BROKER_URL",
+        BROKER_URL_VAR,
         lambda value: urlsplit(value).scheme in ("redis", "rediss", "sentinel"),
         "is not a redis://, rediss:// or sentinel:// URL",
     )
     master_name = reader.text(
-        "MURMUR_BROKER_MASTER_NAME", _ID.fullmatch, "is not a Sentinel master name", required=False
+        BROKER_MASTER_NAME_VAR, _ID.fullmatch, "is not a Sentinel master name", required=False
     )
     if broker_url is not None and urlsplit(broker_url).scheme == "sentinel" and not master_name:
-        reader.problems.append("MURMUR_BROKER_MASTER_NAME: not set; a sentinel:// broker needs it")
+        reader.problems.append(f"{BROKER_MASTER_NAME_VAR}: not set; a sentinel:// broker needs it")
         return None
     broker_ca_certs = reader.text(
-        "MURMUR_BROKER_CA_CERTS", _is_readable_file, "is not a readable CA file", required=False
+        BROKER_CA_CERTS_VAR, _is_readable_file, "is not a readable CA file", required=False
     )
     if None in (worker_id, instance_id, token, control_url, broker_url):
         return None
@@ -284,14 +297,11 @@ class _EnvReader:
         return value
 
 
-# Written by the instance's systemd unit after it pulled the worker image (see
-# app/fleet/cloudinit.py); absent when the worker was not started from an image pull.
-IMAGE_PULL_SECONDS_VAR = "MURMUR_IMAGE_PULL_SECONDS"
-
-
 def image_pull_seconds(env: Mapping[str, str]) -> float | None:
     """How long the image pull before this start took, or None when unknown or unreadable.
 
+    Written by the instance's systemd unit after it pulled the worker image (see
+    app/fleet/cloudinit.py); absent when the worker was not started from an image pull.
     Informational only (a lifecycle timing): a bad value never stops the worker.
     """
     try:

@@ -27,7 +27,7 @@ from app.inputs import display_filename
 from app.jobs.delivery import webhook_payload
 from app.jobs.service import cursor_encode
 from app.models import Job, WorkerState
-from gpu_worker.bounds import MAX_SECONDS
+from gpu_worker.protocol.bounds import MAX_SECONDS
 from gpu_worker.protocol.transcript import Segment, Word
 from gpu_worker.transcriber import _segments_from_faster_whisper
 from tests.conftest import SIGNING_KEY, add_worker, auth

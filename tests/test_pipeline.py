@@ -20,8 +20,7 @@ from sqlalchemy import select
 
 from app.models import Job
 from app.services import utc_clock
-from gpu_worker.broker import unacked_keys
-from gpu_worker.protocol.broker import TRANSCRIBE_TASK
+from gpu_worker.protocol.broker import TRANSCRIBE_TASK, unacked_keys
 from tests.conftest import (
     API_TOKEN,
     FIXTURES,

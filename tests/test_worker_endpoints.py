@@ -9,6 +9,7 @@ from app.config import Settings
 from app.credentials import InstanceCredential
 from app.db import Database
 from app.models import Job, Worker, WorkerState
+from gpu_worker.protocol import routes
 from tests.conftest import FIXTURES, SIGNING_KEY, add_worker, auth
 
 SPEECH = (FIXTURES / "speech-short.wav").read_bytes()
@@ -33,6 +34,28 @@ def call(client: Any, worker: Worker, path: str, body: dict[str, Any] | None = N
         json=body or {},
         headers={"Authorization": f"Bearer {token}"},
     )
+
+
+def test_every_protocol_route_is_served(client: Any) -> None:
+    served = {
+        (rule.rule, method)
+        for rule in client.application.url_map.iter_rules()
+        for method in rule.methods or ()
+    }
+    worker_routes = (
+        routes.READY,
+        routes.HEARTBEAT,
+        routes.REPORT,
+        routes.CLAIM,
+        routes.STATUS,
+        routes.RELEASE,
+        routes.RESULT,
+        routes.FAILURE,
+    )
+    for route in worker_routes:
+        rule = routes.flask_rule(routes.INTERNAL_PREFIX, routes.WORKER_PREFIX, route)
+        assert (rule, "POST") in served, rule
+    assert (routes.flask_rule(routes.INTERNAL_PREFIX, routes.AUDIO), "GET") in served
 
 
 def test_a_job_runs_on_one_worker_and_only_its_holder_may_finish_it(

@@ -2,10 +2,10 @@
 re-created whenever the broker lost it.
 
 A worker's user may consume its profile's queue, keep that queue's in-flight messages under
-the queue's own `unacked*` keys (gpu_worker/broker.py) and publish Celery events — never the
-control queue, another profile's queue or in-flight messages, remote control (`celery.pidbox`:
-workers and the control worker run without it), the control plane's own keys or other
-workers' snapshots (see docs/deploy-workers.md, "Broker TLS and users").
+the queue's own `unacked*` keys (gpu_worker/protocol/broker.py) and publish Celery events —
+never the control queue, another profile's queue or in-flight messages, remote control
+(`celery.pidbox`: workers and the control worker run without it), the control plane's own keys
+or other workers' snapshots (see docs/deploy-workers.md, "Broker TLS and users").
 Its password is derived, never drawn nor stored: HMAC-SHA256 of the signing key under the
 label "broker" of "<db>:<worker id>" (app/credentials.py, `broker_password`). It travels only
 in that worker's user data and in the `ACL SETUSER` command; no log line, metric or error
@@ -48,7 +48,7 @@ from app.fleet.providers.base import ProviderError
 from app.models import LIVE_WORKER_STATES, Worker
 from app.observability import record_broker_user_recreated
 from app.services import Services
-from gpu_worker.broker import unacked_keys
+from gpu_worker.protocol.broker import unacked_keys
 
 log = logging.getLogger("murmur.fleet")
 

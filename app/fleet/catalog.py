@@ -3,12 +3,17 @@
 The table is small on purpose: a profile may only name a server type listed here, so a
 typo or an untested machine never reaches the provider. Capabilities are NVIDIA's
 published compute capabilities; prices are read from configuration, not from here.
+
+Invariant: a profile's device (`MURMUR_DEVICE`, and what readiness expects) is
+`server_device(profile.server_type)`: `cuda` on a type with a GPU, `cpu` otherwise.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+from gpu_worker.protocol.runtime import Device
 
 
 @dataclass(frozen=True)
@@ -22,6 +27,11 @@ class ServerType:
     # The billing increment: Scaleway bills GPU Instances per minute while powered on,
     # RENDER-S per started hour (its instances FAQ, Oct 2025).
     billing_seconds: int = 60
+
+    @property
+    def device(self) -> Device:
+        """Where a worker on this type runs its ASR model: `cuda` with a GPU, else `cpu`."""
+        return "cpu" if self.gpu is None else "cuda"
 
 
 _PAR2_WAW2 = frozenset({"fr-par-2", "pl-waw-2"})
@@ -47,6 +57,12 @@ _TYPES = [
 ]
 
 SERVER_TYPES: dict[str, ServerType] = {t.name: t for t in _TYPES}
+
+
+def server_device(server_type: str) -> Device:
+    """The device a profile on `server_type` runs on; `cpu` for a type not in the table."""
+    known = SERVER_TYPES.get(server_type)
+    return known.device if known is not None else "cpu"
 
 
 def billed_seconds(server_type: str, seconds: float) -> float:

@@ -1,8 +1,10 @@
 """What a new worker is told at boot: its runtime profile, the control plane URL, its credential.
 
 `worker_environment` is the single source for both providers: the `local` provider passes it to
-a subprocess, the `scaleway` provider wraps it in cloud-init user data. Nothing else secret goes
-in (no API tokens, no signing key, no provider keys); the user data is never logged.
+a subprocess, the `scaleway` provider wraps it in cloud-init user data. Every variable's name
+is the protocol's (gpu_worker/protocol/environment.py), the one the worker reads. Nothing
+else secret goes in (no API tokens, no signing key, no provider keys); the user data is never
+logged.
 
 The user data (`render_user_data`) runs the worker on a stock GPU OS image with Docker and the
 NVIDIA container toolkit (docs/deploy-workers.md): a root-only env file, a script that pulls
@@ -19,16 +21,34 @@ from pathlib import Path
 
 from app.config import Profile, Settings, worker_image_problem
 from app.credentials import InstanceCredential
-from app.fleet.catalog import SERVER_TYPES
+from app.fleet.catalog import server_device
 from app.redis_primary import broker_url
 from gpu_worker.broker_tls import is_tls
+from gpu_worker.protocol.environment import (
+    ALIGNMENT_DEVICE_VAR,
+    BATCH_SIZE_VAR,
+    BROKER_CA_CERTS_VAR,
+    BROKER_MASTER_NAME_VAR,
+    BROKER_URL_VAR,
+    COMPUTE_TYPE_VAR,
+    CONTROL_URL_VAR,
+    DEVICE_VAR,
+    DRAIN_TIMEOUT_VAR,
+    IMAGE_PULL_SECONDS_VAR,
+    INSTANCE_ID_VAR,
+    MODEL_VAR,
+    OBSERVABILITY_ENABLED_VAR,
+    PROFILE_VAR,
+    REPORT_INTERVAL_VAR,
+    VAD_VAR,
+    WORKER_ID_VAR,
+    WORKER_TOKEN_VAR,
+)
 from gpu_worker.protocol.runtime import DEFAULT_DRAIN_TIMEOUT_SECONDS, EXIT_RUNTIME_MISMATCH
 
 # Scaleway documents no user-data size limit; we keep ours far below the common 16 KiB cap.
 USER_DATA_LIMIT_BYTES = 16 * 1024
 
-PULL_SECONDS_VAR = "MURMUR_IMAGE_PULL_SECONDS"
-DRAIN_TIMEOUT_VAR = "MURMUR_DRAIN_TIMEOUT"
 STOP_MARGIN_SECONDS = 30
 PULL_TIMEOUT_SECONDS = 1800
 UNIT_NAME = "murmur-worker.service"
@@ -37,7 +57,6 @@ ENV_FILE = "/etc/murmur/worker.env"
 PULL_SCRIPT = "/usr/local/lib/murmur/pull-worker-image"
 PULL_ENV_FILE = "/run/murmur/pull.env"
 CONTAINER_NAME = "murmur-worker"
-BROKER_CA_VAR = "MURMUR_BROKER_CA_CERTS"
 # The same path on the instance and inside the container (mounted read-only).
 BROKER_CA_FILE = "/etc/murmur/broker-ca.pem"
 
@@ -51,31 +70,29 @@ def worker_environment(
 ) -> dict[str, str]:
     """The worker's variables; `broker_url` carries its own broker user when it has one."""
     credential = InstanceCredential.derive(settings.reveal("signing_key"), worker_id, instance_id)
-    stype = SERVER_TYPES.get(profile.server_type)
-    device = "cuda" if stype is not None and stype.gpu is not None else "cpu"
     broker = broker_url or settings.worker_broker_url or settings.redis_url
     # The control plane's path: right for a local subprocess; render_user_data ships the file.
     tls_ca = (
-        {BROKER_CA_VAR: settings.redis_ca_certs}
+        {BROKER_CA_CERTS_VAR: settings.redis_ca_certs}
         if is_tls(broker) and settings.redis_ca_certs
         else {}
     )
     return {
-        "MURMUR_WORKER_ID": worker_id,
-        "MURMUR_INSTANCE_ID": instance_id,
-        "MURMUR_WORKER_TOKEN": credential.token,
-        "MURMUR_CONTROL_URL": settings.api.public_url.rstrip("/"),
-        "MURMUR_BROKER_URL": broker,
+        WORKER_ID_VAR: worker_id,
+        INSTANCE_ID_VAR: instance_id,
+        WORKER_TOKEN_VAR: credential.token,
+        CONTROL_URL_VAR: settings.api.public_url.rstrip("/"),
+        BROKER_URL_VAR: broker,
         **tls_ca,
-        "MURMUR_PROFILE": profile.name,
-        "MURMUR_MODEL": profile.model,
-        "MURMUR_DEVICE": device,
-        "MURMUR_COMPUTE_TYPE": profile.compute_type,
-        "MURMUR_VAD": profile.vad,
-        "MURMUR_ALIGNMENT_DEVICE": profile.alignment_device,
-        "MURMUR_BATCH_SIZE": str(profile.batch_size),
-        "MURMUR_OBSERVABILITY_ENABLED": "1" if settings.observability.enabled else "0",
-        "MURMUR_REPORT_INTERVAL": str(settings.observability.report_interval_seconds),
+        PROFILE_VAR: profile.name,
+        MODEL_VAR: profile.model,
+        DEVICE_VAR: server_device(profile.server_type),
+        COMPUTE_TYPE_VAR: profile.compute_type,
+        VAD_VAR: profile.vad,
+        ALIGNMENT_DEVICE_VAR: profile.alignment_device,
+        BATCH_SIZE_VAR: str(profile.batch_size),
+        OBSERVABILITY_ENABLED_VAR: "1" if settings.observability.enabled else "0",
+        REPORT_INTERVAL_VAR: str(settings.observability.report_interval_seconds),
         **_sentinel_broker(settings, broker_url),
     }
 
@@ -86,8 +103,8 @@ def _sentinel_broker(settings: Settings, own_url: str | None) -> dict[str, str]:
     if settings.worker_broker_url or not settings.redis.sentinels:
         return {}
     return {
-        "MURMUR_BROKER_URL": broker_url(settings, credentials_from=own_url),
-        "MURMUR_BROKER_MASTER_NAME": settings.redis.master_name,
+        BROKER_URL_VAR: broker_url(settings, credentials_from=own_url),
+        BROKER_MASTER_NAME_VAR: settings.redis.master_name,
     }
 
 
@@ -101,14 +118,13 @@ def render_user_data(env: dict[str, str], profile: Profile) -> str:
     problem = worker_image_problem(image)
     if problem is not None:
         raise ValueError(f"profile {profile.name}: worker_image: {problem}")
-    stype = SERVER_TYPES.get(profile.server_type)
-    gpus = stype is not None and stype.gpu is not None
+    gpus = server_device(profile.server_type) == "cuda"
     # Written into the env file so the unit's stop timeout and the worker's drain agree.
     env = {DRAIN_TIMEOUT_VAR: f"{DEFAULT_DRAIN_TIMEOUT_SECONDS:g}", **env}
     ca_file = ""
-    if env.get(BROKER_CA_VAR):
-        ca_file = _file(BROKER_CA_FILE, "0644", _read_ca(env[BROKER_CA_VAR]))
-        env[BROKER_CA_VAR] = BROKER_CA_FILE
+    if env.get(BROKER_CA_CERTS_VAR):
+        ca_file = _file(BROKER_CA_FILE, "0644", _read_ca(env[BROKER_CA_CERTS_VAR]))
+        env[BROKER_CA_CERTS_VAR] = BROKER_CA_FILE
     for key, value in env.items():
         if not key.isidentifier() or any(c in value for c in "\r\n\0"):
             raise ValueError(f"worker environment: {key} cannot go in an env file")
@@ -166,7 +182,7 @@ def _pull_script() -> str:
         'docker pull --quiet "$image" >/dev/null\n'
         "end=$(date +%s.%N)\n"
         'seconds=$(awk -v a="$start" -v b="$end" \'BEGIN { printf "%.3f", b - a }\')\n'
-        f'printf \'{PULL_SECONDS_VAR}=%s\\n\' "$seconds" > "$out"\n'
+        f'printf \'{IMAGE_PULL_SECONDS_VAR}=%s\\n\' "$seconds" > "$out"\n'
     )
 
 

@@ -17,12 +17,12 @@ from pydantic import ValidationError
 from sqlalchemy import func, update
 
 from app.config import Profile
-from app.fleet.catalog import SERVER_TYPES
+from app.fleet.catalog import server_device
 from app.fleet.planner import Death
 from app.models import ProfileState, Worker, WorkerState
 from app.transitions import move_worker
 from gpu_worker.protocol.readiness import ReadinessRuntime
-from gpu_worker.protocol.runtime import supported_compute_types
+from gpu_worker.protocol.runtime import capability_requirement, supported_compute_types
 
 # The runtime fields that must equal the profile's (docs/worker-protocol.md, "Runtime").
 COMPARED_FIELDS = ("model", "compute_type", "vad", "alignment_device", "batch_size")
@@ -64,15 +64,14 @@ def runtime_mismatches(profile: Profile, runtime: ReadinessRuntime) -> list[str]
     if runtime.profile is not None and runtime.profile != profile.name:
         problems.append(f"profile: worker runs {runtime.profile!r}, expected {profile.name!r}")
 
-    stype = SERVER_TYPES.get(profile.server_type)
-    wants_gpu = stype is not None and stype.gpu is not None
+    expected_device = server_device(profile.server_type)
     device = runtime.device
-    if device is not None and device != ("cuda" if wants_gpu else "cpu"):
+    if device is not None and device != expected_device:
         problems.append(
             f"device: worker runs on {device!r}, profile {profile.name} runs on "
-            f"{'a GPU (cuda)' if wants_gpu else 'the CPU'}"
+            f"{'a GPU (cuda)' if expected_device == 'cuda' else 'the CPU'}"
         )
-    if wants_gpu:
+    if expected_device == "cuda":
         capability = runtime.cuda_capability
         if capability is None:
             problems.append(
@@ -80,11 +79,9 @@ def runtime_mismatches(profile: Profile, runtime: ReadinessRuntime) -> list[str]
                 f"that can run {profile.compute_type}"
             )
         elif profile.compute_type not in supported_compute_types(capability):
-            need = "7.0" if "float16" in profile.compute_type else "a newer GPU"
-            if profile.compute_type == "bfloat16":
-                need = "8.0"
+            need = capability_requirement(profile.compute_type) or "a newer GPU"
             problems.append(
-                f"compute_type: {profile.compute_type} needs CUDA capability >= {need}; "
+                f"compute_type: {profile.compute_type} needs {need}; "
                 f"the worker's GPU has {capability[0]}.{capability[1]}"
             )
     return problems

@@ -6,7 +6,7 @@ import json
 import math
 from typing import Any, Literal, get_args
 
-from gpu_worker.bounds import MAX_SECONDS, finite_or_none
+from gpu_worker.protocol.bounds import MAX_SECONDS, finite_or_none
 
 TranscriptFormat = Literal["json", "verbose_json", "txt", "text", "srt", "vtt"]
 FORMATS: tuple[str, ...] = get_args(TranscriptFormat)

@@ -41,7 +41,8 @@ from app.models import (
 )
 from app.observability import record_job_finished
 from app.transitions import move_job
-from gpu_worker.bounds import finite_or_none
+from gpu_worker.protocol.bounds import finite_or_none
+from gpu_worker.protocol.failure import CANCELLED
 
 log = logging.getLogger(__name__)
 
@@ -279,7 +280,7 @@ def cancel_job(
         cancellable,
         JobStatus.CANCELLED,
         finished_at=now,
-        error_code="cancelled",
+        error_code=CANCELLED,
         error_message=f"cancelled by {by}",
     )
     if not done:

@@ -25,6 +25,7 @@ from app.jobs import service
 from app.models import Worker, iso
 from app.observability import store
 from app.observability.collector import LIFECYCLE_PHASES, render_metrics
+from gpu_worker.protocol import routes
 from gpu_worker.protocol.redaction import clean_log_line
 from gpu_worker.protocol.usage import MAX_REPORT_BYTES, UsageReport
 
@@ -88,7 +89,9 @@ def _parse(svc: Services, raw: bytes) -> UsageReport:
         ) from None
 
 
-@observability_bp.post("/internal/workers/<worker_id>/<instance_id>/report")
+@observability_bp.post(
+    routes.flask_rule(routes.INTERNAL_PREFIX, routes.WORKER_PREFIX, routes.REPORT)
+)
 def report(worker_id: str, instance_id: str) -> Response:
     svc = services()
     # Identity first: it needs no body, and it decides whether a refusal still shows that a

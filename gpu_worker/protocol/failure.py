@@ -5,6 +5,8 @@ Invariants:
   have new ones) and a message of at most `MAX_FAILURE_MESSAGE` characters without NUL or
   lone surrogates (`Failure`); the worker cuts its message to that length, so a long error
   text never loses the failure.
+- The worker builds the body with `Failure` and sends `to_json()` (gpu_worker/client.py);
+  the control plane parses it with the same model (app/internal.py).
 - `FailureCode` lists the codes this worker sends. `CLIENT_FAILURES` are those caused by
   what the client sent: the synchronous endpoint answers them as 4xx, not 502. `CANCELLED`
   frees the worker and is never stored: the job was cancelled on the control plane first.
@@ -12,7 +14,7 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -38,9 +40,18 @@ MAX_FAILURE_MESSAGE = 2000
 
 
 class Failure(BaseModel):
-    """The failure body, as the control plane validates it."""
+    """The failure body, `POST .../jobs/<id>/failure`: a code and a message."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     code: str = Field(pattern=FAILURE_CODE_PATTERN)
     message: StorableText = Field(max_length=MAX_FAILURE_MESSAGE)
+
+    @classmethod
+    def of(cls, code: str, message: str) -> Failure:
+        """The body the worker sends: its message cut to `MAX_FAILURE_MESSAGE` characters."""
+        return cls(code=code, message=message[:MAX_FAILURE_MESSAGE])
+
+    def to_json(self) -> dict[str, Any]:
+        """The body as the worker sends it."""
+        return {"code": self.code, "message": self.message}

@@ -1,10 +1,11 @@
 """The readiness report: the runtime a worker posts to `POST .../ready` once its model is loaded.
 
 The worker builds it with `ReadinessRuntime` (gpu_worker/preflight.py, gpu_worker/service.py)
-and sends `to_json()`; the control plane parses the body's `runtime` with the same model
-(app/internal.py), compares it with the worker's profile (app/fleet/readiness.py) and stores
-`to_json()` on the worker row, where the fleet views and /metrics read it
-(app/observability/views.py, app/observability/collector.py).
+and sends `ReadyBody.of(runtime).to_json()` (gpu_worker/client.py); the control plane parses
+the body with `ReadyBody` and its `runtime` with `ReadinessRuntime` (app/internal.py),
+compares it with the worker's profile (app/fleet/readiness.py) and stores `to_json()` on the
+worker row, where the fleet views and /metrics read it (app/observability/views.py,
+app/observability/collector.py).
 
 Invariants:
 - Every field the worker sends is typed and strict: a wrong type (`"16"` for a batch size, a
@@ -35,6 +36,10 @@ Invariants:
 - `to_json()` sends exactly the fields that were set, so the stored JSON is what the worker
   sent: a field never set is absent, not null (rows and readers written before this model
   see the same keys).
+- The body (`ReadyBody`) is `{"runtime": {...}}` and nothing else. Its `runtime` is any JSON
+  object there, typed afterwards by `ReadinessRuntime`: a runtime of the wrong shape is the
+  worker's mismatch (409), while a body that is not an object with an object `runtime` is
+  a bad body (400).
 """
 
 from __future__ import annotations
@@ -43,9 +48,9 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from gpu_worker.bounds import Seconds
+from gpu_worker.protocol.bounds import Seconds
+from gpu_worker.protocol.runtime import Capability
 
-Capability = tuple[int, int]
 # A count or size the worker measured (threads, MiB, bytes): never negative.
 Count = Annotated[int, Field(ge=0)]
 
@@ -116,6 +121,23 @@ class ReadinessRuntime(_Report):
     def to_json(self) -> dict[str, Any]:
         """The body's `runtime`, and what the control plane stores: the fields that were set."""
         return self.model_dump(mode="json", exclude_unset=True)
+
+
+class ReadyBody(BaseModel):
+    """The readiness body, `POST .../ready`: the runtime as a JSON object."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    runtime: dict[str, Any]
+
+    @classmethod
+    def of(cls, runtime: ReadinessRuntime) -> ReadyBody:
+        """The body for this runtime: its `to_json()`, the fields that were set."""
+        return cls(runtime=runtime.to_json())
+
+    def to_json(self) -> dict[str, Any]:
+        """The body as the worker sends it."""
+        return {"runtime": self.runtime}
 
 
 def parse_capability(value: Any) -> Capability | None:

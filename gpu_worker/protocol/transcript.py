@@ -1,8 +1,9 @@
 """The transcript a worker posts as its result, in the shape of docs/worker-protocol.md.
 
-The worker builds these models (gpu_worker/transcriber.py) and posts `Transcript.to_json()`;
-the control plane validates the result body with the same models (app/internal.py) and
-stores `model_dump(exclude_none=True)`.
+The worker builds these models (gpu_worker/transcriber.py) and posts
+`ResultBody(transcript=..., processing_seconds=...).to_json()` (gpu_worker/client.py); the
+control plane validates the result body with the same models (app/internal.py) and stores
+the transcript's `model_dump(exclude_none=True)`.
 
 Invariants:
 - Unknown fields are ignored (`extra="ignore"`), not refused. The control plane must accept
@@ -12,12 +13,14 @@ Invariants:
   never stored": only what is declared here reaches the database and the API's JSON. On the
   worker's side nothing is lost by not forbidding them: its models are built with keyword
   arguments, which mypy checks against the declared fields.
-- Every number is finite and bounded (gpu_worker/bounds.py); a non-finite or out-of-range
-  number is refused, never clamped. A statistic the decoder could not measure is None: the
-  worker says so with `measured()` before building, rather than sending `-inf`.
+- Every number is finite and bounded (gpu_worker/protocol/bounds.py); a non-finite or
+  out-of-range number is refused, never clamped. A statistic the decoder could not measure
+  is None: the worker says so with `measured()` before building, rather than sending `-inf`.
 - Text holds no NUL and no lone surrogate (`StorableText`): PostgreSQL refuses both.
 - Fields an older worker may not send have defaults; `to_json()` sends exactly the fields
   the worker set, and `words` only when word timestamps ran.
+- The result body's envelope (`ResultBody`) is strict (`extra="forbid"`): its two fields are
+  the whole envelope; only the transcript inside it tolerates a newer worker's fields.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from gpu_worker.bounds import MAX_TOKEN, Probability, Seconds, Statistic, Token
+from gpu_worker.protocol.bounds import MAX_TOKEN, Probability, Seconds, Statistic, Token
 
 
 def _storable(value: str) -> str:
@@ -97,3 +100,20 @@ class Transcript(_Wire):
             if segment.get("words", ()) is None:
                 del segment["words"]
         return body
+
+
+class ResultBody(BaseModel):
+    """The result body, `POST .../jobs/<id>/result`: the transcript and the job's duration."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    transcript: Transcript
+    # Wall-clock seconds the worker spent on the job, download and decoding included.
+    processing_seconds: Seconds
+
+    def to_json(self) -> dict[str, Any]:
+        """The body as the worker sends it: the transcript's `to_json()` and the seconds."""
+        return {
+            "transcript": self.transcript.to_json(),
+            "processing_seconds": self.processing_seconds,
+        }

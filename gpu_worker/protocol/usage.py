@@ -24,7 +24,7 @@ from typing import Literal, Self, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gpu_worker.bounds import MAX_SECONDS
+from gpu_worker.protocol.bounds import MAX_SECONDS
 
 REPORT_VERSION = 1
 ReportedState = Literal["starting", "loading", "ready", "busy", "draining"]

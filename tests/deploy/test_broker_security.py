@@ -350,7 +350,8 @@ def test_a_worker_user_consumes_only_its_queue_over_tls_with_the_ca_from_cloud_i
     try:
         producer.send_task("murmur.transcribe", args=["job-1"], queue=QUEUE)
         _wait(lambda: out.exists() and out.read_text() == "job-1\n", 60, "the job to run")
-        # The worker keeps its in-flight messages under its queue's own keys (gpu_worker/broker.py).
+        # The worker keeps its in-flight messages under its queue's own keys
+        # (gpu_worker/protocol/broker.py).
         _wait(lambda: not admin.hlen(f"unacked.{QUEUE}"), 10, "the message to be acknowledged")
         assert not producer.control.inspect(timeout=2).ping()  # remote control is off
     finally:

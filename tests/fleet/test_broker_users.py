@@ -32,7 +32,7 @@ from app.fleet.reconcile import LOCK_KEY
 from app.models import WorkerState
 from app.observability.store import BROKER_USERS_RECREATED_KEY, snapshot_key
 from app.transitions import move_worker
-from gpu_worker.broker import unacked_keys
+from gpu_worker.protocol.broker import unacked_keys
 from tests.fleet.conftest import L4, SIGNING_KEY, Fleet, MakeFleet
 
 CONTROL_PASSWORD = "control-plane-password-" + "c" * 24

@@ -144,6 +144,18 @@ CASES = [
         ],
     ),
     (
+        "GPU alignment on a CPU-only server type",
+        GROUPS
+        + profile(
+            "cpu",
+            provider="local",
+            server_type="local-cpu",
+            compute_type="int8",
+            alignment_device="cuda",
+        ),
+        ["profiles.cpu.alignment_device: cuda on a CPU-only server type"],
+    ),
+    (
         "a GPU with no price escapes the budget",
         GROUPS + profile("gpu", hourly_cost_eur=0.0),
         ["profiles.gpu.hourly_cost_eur: required for the scaleway provider (the budget counts it)"],

@@ -126,6 +126,25 @@ def test_float32_on_a_p100_is_fine_and_float16_newer_gpu_too() -> None:
     assert mismatches(L4_PROFILE, cuda_capability=[9, 0]) == []
 
 
+@pytest.mark.parametrize(
+    ("compute_type", "capability", "need"),
+    [
+        ("int8", [6, 0], "CUDA capability >= 7.0 or exactly 6.1"),
+        ("bfloat16", [7, 5], "CUDA capability >= 8.0"),
+    ],
+)
+def test_the_capability_a_compute_type_needs_is_named_by_the_protocols_rule(
+    compute_type: str, capability: list[int], need: str
+) -> None:
+    profile = L4_PROFILE.model_copy(update={"compute_type": compute_type})
+
+    assert mismatches(profile, cuda_capability=capability) == [
+        f"compute_type: {compute_type} needs {need}; "
+        f"the worker's GPU has {capability[0]}.{capability[1]}"
+    ]
+    assert mismatches(profile, cuda_capability=[6, 1] if compute_type == "int8" else [8, 0]) == []
+
+
 def _worker(db: Database, state: str = WorkerState.BOOTING.value) -> str:
     with db.session() as s:
         w = Worker(

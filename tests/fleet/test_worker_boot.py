@@ -22,6 +22,7 @@ from app.cli import main as murmur
 from app.config import Settings, worker_image_problem
 from app.credentials import InstanceCredential
 from app.fleet import cloudinit
+from app.fleet.catalog import SERVER_TYPES, server_device
 from app.fleet.cloudinit import render_user_data, worker_environment
 from gpu_worker.protocol.runtime import DEFAULT_DRAIN_TIMEOUT_SECONDS, EXIT_RUNTIME_MISMATCH
 from gpu_worker.runtime import image_pull_seconds
@@ -93,6 +94,13 @@ def test_user_data_is_cloud_config_with_a_root_only_env_file() -> None:
     assert env["MURMUR_BROKER_URL"] == WORKER_BROKER
     assert env["MURMUR_PROFILE"] == "l4-par2" and env["MURMUR_DEVICE"] == "cuda"
     assert float(env["MURMUR_DRAIN_TIMEOUT"]) == DEFAULT_DRAIN_TIMEOUT_SECONDS
+
+
+def test_a_server_types_device_is_cuda_exactly_when_it_has_a_gpu() -> None:
+    for stype in SERVER_TYPES.values():
+        assert stype.device == ("cpu" if stype.gpu is None else "cuda")
+        assert server_device(stype.name) == stype.device
+    assert server_device("no-such-type") == "cpu"
 
 
 def test_the_only_secrets_are_this_workers_own() -> None:

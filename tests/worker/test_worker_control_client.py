@@ -16,9 +16,12 @@ from gpu_worker.client import (
     RuntimeMismatch,
     redact_url,
 )
+from gpu_worker.protocol import routes
 from gpu_worker.protocol.readiness import ReadinessRuntime
+from gpu_worker.protocol.transcript import Transcript
 
 TOKEN = "ab" * 32
+SILENCE = Transcript(text="", segments=[])
 
 
 def client_for(plane, *, sleeps=None, token=TOKEN, attempts=4):
@@ -74,8 +77,8 @@ def test_result_is_stored_once(control_plane):
     client = client_for(control_plane)
     client.claim("job_1")
 
-    first = client.post_result("job_1", {"text": "hi", "segments": []}, 1.5)
-    second = client.post_result("job_1", {"text": "hi", "segments": []}, 1.5)
+    first = client.post_result("job_1", Transcript(text="hi", segments=[]), 1.5)
+    second = client.post_result("job_1", Transcript(text="hi", segments=[]), 1.5)
 
     assert (first, second) == (True, False)
     assert control_plane.results["job_1"] == {
@@ -104,7 +107,7 @@ def test_transient_errors_are_retried_with_backoff(control_plane):
     control_plane.scripted["/result"] = [503, 502]
     sleeps: list[float] = []
 
-    stored = client_for(control_plane, sleeps=sleeps).post_result("job_1", {}, 0.1)
+    stored = client_for(control_plane, sleeps=sleeps).post_result("job_1", SILENCE, 0.1)
 
     assert stored is True
     assert sleeps == [1.0, 2.0]
@@ -142,7 +145,7 @@ def test_an_unreachable_control_plane_is_transient_and_hides_the_url(caplog):
     )
 
     with caplog.at_level(logging.DEBUG), pytest.raises(ControlPlaneUnavailable) as caught:
-        client.post_result("job_1", {}, 0.0)
+        client.post_result("job_1", SILENCE, 0.0)
 
     assert str(caught.value) == (
         "POST /jobs/job_1/result: no answer from the control plane (ConnectionError)"
@@ -191,6 +194,15 @@ def test_a_failed_download_names_the_url_without_its_signature(control_plane, ca
 
     assert str(caught.value) == f"GET {control_plane.url}/audio/nope answered 404"
     assert "s3cr3tsig" not in caplog.text
+
+
+def test_routes_fill_each_id_as_one_path_segment():
+    assert routes.worker_prefix("w/1", "i 2") == "/internal/workers/w%2F1/i%202"
+    assert routes.job_route(routes.RESULT, "../x") == "/jobs/..%2Fx/result"
+    assert routes.audio_path("job_1") == "/internal/audio/job_1"
+    assert routes.flask_rule(routes.WORKER_PREFIX, routes.CLAIM) == (
+        "/workers/<worker_id>/<instance_id>/jobs/<job_id>/claim"
+    )
 
 
 def test_redact_url_drops_query_and_credentials():

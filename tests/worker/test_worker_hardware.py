@@ -10,7 +10,7 @@ from gpu_worker.hardware import (
     probe_device_facts,
     torch_supports_capability,
 )
-from gpu_worker.protocol.runtime import supported_compute_types
+from gpu_worker.protocol.runtime import capability_requirement, supported_compute_types
 from gpu_worker.runtime import load_runtime_profile
 
 GIB = 1024**3
@@ -236,6 +236,14 @@ def test_capability_rule_matches_ctranslate2():
     assert "float16" in supported_compute_types((7, 0))
     assert "bfloat16" not in supported_compute_types((7, 5))
     assert supported_compute_types(None) == {"float32", "int8", "int8_float32"}
+
+
+def test_the_capability_requirement_is_read_from_the_same_rule():
+    assert capability_requirement("float16") == "CUDA capability >= 7.0"
+    assert capability_requirement("int8") == "CUDA capability >= 7.0 or exactly 6.1"
+    assert capability_requirement("bfloat16") == "CUDA capability >= 8.0"
+    assert capability_requirement("float32") == "any CUDA capability"
+    assert capability_requirement("float8") is None
 
 
 def test_probing_this_host_asks_ctranslate2():

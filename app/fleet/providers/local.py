@@ -36,6 +36,7 @@ from app.fleet.providers.base import (
     StockHint,
     Teardown,
 )
+from gpu_worker.protocol.environment import CPU_THREADS_VAR, DRAIN_TIMEOUT_VAR
 
 log = logging.getLogger("murmur.fleet.local")
 
@@ -45,7 +46,7 @@ DEFAULT_STATE_DIR = "var/local-instances"
 DEFAULT_COMMAND = (sys.executable, "-m", "gpu_worker", "run")
 # Worker settings a developer may set for the subprocess; every other MURMUR_* / SCW_* variable
 # of the control plane (tokens, signing key, database URL, provider keys) stays out of it.
-_INHERITED_WORKER_VARS = frozenset({"MURMUR_CPU_THREADS", "MURMUR_DRAIN_TIMEOUT"})
+_INHERITED_WORKER_VARS = frozenset({CPU_THREADS_VAR, DRAIN_TIMEOUT_VAR})
 
 
 LOCAL_TERM_GRACE_SECONDS = 30.0
@@ -66,7 +67,7 @@ def child_environment(parent: Mapping[str, str], worker: Mapping[str, str]) -> d
     env.update(worker)
     # A draining worker must finish (or hand back) its job before the SIGKILL that follows
     # SIGTERM after the provider's grace period, or the job waits out the visibility timeout.
-    env.setdefault("MURMUR_DRAIN_TIMEOUT", str(LOCAL_DRAIN_TIMEOUT_SECONDS))
+    env.setdefault(DRAIN_TIMEOUT_VAR, str(LOCAL_DRAIN_TIMEOUT_SECONDS))
     return env
 
 
