@@ -56,6 +56,12 @@ STATUS: dict[str, int] = {
     "invalid_limit": 400,
     "invalid_format": 400,
     "invalid_response_format": 400,
+    # app/fleet/readiness.py: a worker whose runtime is not its profile's
+    "runtime_mismatch": 409,
+    # app/jobs/handover.py: a worker's signed audio URL
+    "invalid_signature": 403,
+    "audio_url_expired": 410,
+    "audio_not_found": 404,
     # app/jobs/fetch.py: fetching a URL job's audio
     "url_fetch_failed": 422,
     "url_too_large": 413,

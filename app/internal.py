@@ -17,14 +17,11 @@ from pydantic import BaseModel, ValidationError, field_validator
 
 from app.auth import authenticate_worker
 from app.context import services
-from app.credentials import sign_audio_url, verify_audio_signature
 from app.errors import ApiError
 from app.fleet import readiness
 from app.inputs import MAX_JSON_BYTES, json_problem, read_body
-from app.jobs import service
-from app.models import JobStatus, Worker
+from app.jobs import handover, service
 from gpu_worker.protocol import routes
-from gpu_worker.protocol.claim import ClaimedJob
 from gpu_worker.protocol.failure import Failure
 from gpu_worker.protocol.readiness import ReadyBody
 from gpu_worker.protocol.transcript import ResultBody
@@ -70,26 +67,7 @@ def worker_ready(worker_id: str, instance_id: str) -> Response:
     worker = authenticate_worker(worker_id, instance_id)
     body: _Ready = _body(_Ready)
     svc = services()
-    try:
-        profile = svc.settings.profile(worker.profile)
-    except KeyError:
-        raise ApiError(
-            409, "runtime_mismatch", "the worker's profile is no longer configured"
-        ) from None
-    runtime = readiness.read_runtime(body.runtime)
-    if isinstance(runtime, list):
-        problems = runtime
-    else:
-        problems = readiness.runtime_mismatches(profile, runtime)
-    with svc.db.session() as s:
-        row = s.get(Worker, worker.id)
-        assert row is not None
-        if problems or isinstance(runtime, list):
-            readiness.reject(s, row, problems, svc.clock())
-        else:
-            readiness.mark_ready(s, row, runtime, svc.clock())
-    if problems:
-        raise ApiError(409, "runtime_mismatch", "; ".join(problems))
+    readiness.report_ready(svc.db, svc.settings, worker.id, body.runtime, svc.clock())
     return jsonify({"accepted": True})
 
 
@@ -105,26 +83,7 @@ def claim(worker_id: str, instance_id: str, job_id: str) -> Response:
     job = claim.job
     if job is None:
         raise ApiError(409, "job_not_claimable", f"job {job_id} is not waiting for this worker")
-    assert job.worker_id is not None  # a successful claim sets both
-    query = sign_audio_url(
-        svc.settings.reveal("signing_key"),
-        job.id,
-        job.worker_id,
-        job.attempts,
-        svc.settings.api.signed_url_ttl_seconds,
-    )
-    audio_url = f"{svc.settings.api.public_url.rstrip('/')}{routes.audio_path(job.id)}?{query}"
-    claimed = ClaimedJob(
-        id=job.id,
-        language=job.language,
-        prompt=job.prompt,
-        word_timestamps=job.word_timestamps,
-        duration_seconds=job.duration_seconds,
-        # The worker stops decoding past this (gpu_worker/audio.py), whatever the file
-        # claims: the probe's count is one defence, this is the second.
-        max_audio_seconds=svc.settings.api.max_audio_seconds,
-        audio_url=audio_url,
-    )
+    claimed = handover.handed_over(svc.settings, job, svc.clock())
     return jsonify({"job": claimed.model_dump()})
 
 
@@ -155,31 +114,10 @@ def heartbeat(worker_id: str, instance_id: str) -> Response:
 
 @internal_bp.get(routes.flask_rule(routes.AUDIO))
 def audio(job_id: str) -> Response:
+    """The audio of a running job, to the holder of its claim's signed URL (no credential)."""
     svc = services()
-    args = request.args
-    issued = verify_audio_signature(
-        svc.settings.reveal("signing_key"),
-        job_id,
-        args.get("worker", ""),
-        args.get("attempt", ""),
-        args.get("expires", ""),
-        args.get("sig", ""),
-    )
-    if issued is None:
-        raise ApiError(403, "invalid_signature", "the audio URL is invalid or has expired")
-    job = service.get_job(svc.db, job_id)
-    # The URL is issued by a claim and serves only that run: once the job has ended, been
-    # cancelled or handed back, or claimed again (by another worker or the same one), nobody
-    # holding an old URL may read the audio (each claim issues a new one).
-    if (
-        job.status != JobStatus.RUNNING.value
-        or job.worker_id != issued.worker_id
-        or job.attempts != issued.attempt
-    ):
-        raise ApiError(410, "audio_url_expired", "the job is no longer running on a worker")
-    if job.audio_key is None:
-        raise ApiError(404, "audio_not_found", "the job has no stored audio")
-    return send_file(svc.storage.open(job.audio_key), mimetype="application/octet-stream")
+    key = handover.claimed_audio(svc.db, svc.settings, job_id, request.args, svc.clock())
+    return send_file(svc.storage.open(key), mimetype="application/octet-stream")
 
 
 @internal_bp.post(routes.flask_rule(routes.WORKER_PREFIX, routes.RESULT))

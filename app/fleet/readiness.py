@@ -1,10 +1,10 @@
 """Readiness: compare the runtime a worker reports with its profile, then accept or reject it.
 
-`read_runtime` and `runtime_mismatches` are pure; `mark_ready` and `reject` only change the
-worker row inside the caller's session. A runtime that does not parse is rejected like one
-that differs. A rejected worker is left FAILED with the reasons in `error`; the next reconcile
-counts it as a failed boot of its profile (app.fleet.planner.Death.RUNTIME_REJECTED), deletes
-its instance and records why.
+`report_ready` is the decision on one report. `read_runtime` and `runtime_mismatches` are
+pure; `mark_ready` and `reject` only change the worker row inside the caller's session. A
+runtime that does not parse is rejected like one that differs. A rejected worker is left
+FAILED with the reasons in `error`; the next reconcile counts it as a failed boot of its
+profile (app.fleet.planner.Death.RUNTIME_REJECTED), deletes its instance and records why.
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy import func, update
 
-from app.config import Profile
+from app.config import Profile, Settings
+from app.db import Database
+from app.errors import Refused
 from app.fleet.catalog import server_device
 from app.fleet.planner import Death
 from app.models import ProfileState, Worker, WorkerState
@@ -131,3 +133,28 @@ def reject(session: Any, worker: Worker, problems: list[str], now: datetime) -> 
         delete_reason=Death.RUNTIME_REJECTED.value,
         delete_requested_at=func.coalesce(Worker.delete_requested_at, now),
     )
+
+
+def report_ready(
+    db: Database, settings: Settings, worker_id: str, reported: Mapping[str, Any], now: datetime
+) -> None:
+    """Take a worker's readiness report: READY when its runtime is its profile's, else FAILED
+    with every difference and refused `runtime_mismatch` (the row is stored first)."""
+    with db.session() as s:
+        row = s.get(Worker, worker_id)
+        assert row is not None  # the caller authenticated it
+        try:
+            profile = settings.profile(row.profile)
+        except KeyError:
+            # Nothing to compare with: the row is left to the reconcile (its profile is gone).
+            raise Refused(
+                "runtime_mismatch", "the worker's profile is no longer configured"
+            ) from None
+        runtime = read_runtime(reported)
+        problems = runtime if isinstance(runtime, list) else runtime_mismatches(profile, runtime)
+        if isinstance(runtime, list) or problems:
+            reject(s, row, problems, now)
+        else:
+            mark_ready(s, row, runtime, now)
+    if problems:
+        raise Refused("runtime_mismatch", "; ".join(problems))
