@@ -36,9 +36,13 @@ demo: install
 up: install
 	PYTHON=$(PY) scripts/with-redis.sh $(PY) -m scripts.stack up
 
-## test: install and run the whole suite (needs Redis and PostgreSQL on 127.0.0.1)
+## test: install and run the whole suite (needs Redis and PostgreSQL on 127.0.0.1): on
+## TEST_WORKERS processes (each with its own Redis database, 15 and down), then the tests
+## marked `serial` (bound in wall-clock seconds) alone
+TEST_WORKERS ?= 2
 test: install
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) -m "not serial"
+	$(PY) -m pytest -m serial
 
 ## test-whisperx: the real-library tier (tests/whisperx: WhisperX, pyannote, Silero on the CPU,
 ## offline) in its own venv; it fails if whisperx is missing or no test ran

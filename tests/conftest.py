@@ -1,8 +1,9 @@
 """Shared fixtures: real Redis, real PostgreSQL and SQLite, settings, the API, live processes.
 
 The one fixture stack of every test directory. Redis tests use database 15 (override with
-MURMUR_TEST_REDIS_URL) and flush it; PostgreSQL tests share one database of the session on the
-server named by MURMUR_TEST_POSTGRES_URL, emptied before each test. Time is a `FakeClock` where
+MURMUR_TEST_REDIS_URL; each pytest-xdist worker takes the next lower one) and flush it;
+PostgreSQL tests share one database of the session (of each xdist worker) on the server named
+by MURMUR_TEST_POSTGRES_URL, emptied before each test. Time is a `FakeClock` where
 a test steps it, injected as `Services.clock` (app/services.py).
 """
 
@@ -36,7 +37,20 @@ from app.models import Worker, WorkerState, utcnow
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
-REDIS_URL = os.environ.get("MURMUR_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+
+
+def _redis_url() -> str:
+    """Database 15 (or MURMUR_TEST_REDIS_URL's), one lower for each further pytest-xdist
+    worker: every worker flushes its own database, never another's."""
+    base = os.environ.get("MURMUR_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ... under `-n`
+    if not worker.startswith("gw"):
+        return base
+    head, _, db = base.rpartition("/")
+    return f"{head}/{int(db) - int(worker[2:])}"
+
+
+REDIS_URL = _redis_url()
 POSTGRES_URL = os.environ.get(
     "MURMUR_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
 )

@@ -15,7 +15,8 @@ from app.models import Job, Worker
 from tests.conftest import FIXTURES, LiveApi, api_get, auth, wait_for
 from tests.test_pipeline import submit, wait_job
 
-pytestmark = pytest.mark.slow
+# `serial`: its stop bound is seconds of CPU time, which a parallel test would take.
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 # Long enough that transcribing it to the end takes longer than the stop allowed below, even
 # on a quiet machine (12 min of speech, 23 MB, under the upload cap: ~24 s at the CPU

@@ -19,6 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
 import redis
 
 from app.config import Profile
@@ -67,6 +68,7 @@ def _holder_settings(fleet: Fleet) -> dict[str, Any]:
     }
 
 
+@pytest.mark.serial  # bounds a replacement in lease periods of wall time
 def test_a_killed_control_worker_is_replaced_within_a_lease(make_fleet: MakeFleet) -> None:
     fleet = make_fleet(fleet={"reconcile_lease_seconds": LEASE})
     assert fleet.emulator is not None
