@@ -11,6 +11,7 @@ from app.config import Settings, load_settings, scrape_token_problem
 from app.db import Database
 from app.errors import register_error_handlers
 from app.inputs import check_request_text
+from app.jobs.waiting import SYNC_SLOTS, SyncSlots
 from app.json_provider import FiniteJSONProvider
 from app.services import Clock, build_services, utc_clock
 
@@ -49,6 +50,7 @@ def create_app(
     app.extensions["murmur"] = build_services(
         settings, celery, db=db, clock=clock, redis_connect_timeout=2
     )
+    app.extensions[SYNC_SLOTS] = SyncSlots(settings.api.sync_max_waiting)
     register_error_handlers(app)
     app.before_request(check_request_text)
     problem = scrape_token_problem(settings)

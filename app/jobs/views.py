@@ -17,7 +17,7 @@ from app.jobs.formats import render
 from app.jobs.requests import JobOptions
 from app.jobs.slow_work import probe_slot
 from app.jobs.submission import Submitter
-from app.jobs.waiting import SyncSlots, Waited, wait_for_job
+from app.jobs.waiting import SYNC_SLOTS, SyncSlots, Waited, wait_for_job
 from app.models import JobStatus
 from app.server import client_gone, client_socket
 from gpu_worker.protocol.failure import CLIENT_FAILURES
@@ -177,10 +177,9 @@ def get_transcript(job_id: str) -> Response:
     return Response(body, mimetype=media_type.split(";")[0], content_type=media_type)
 
 
-def _sync_slots(svc: Services) -> SyncSlots:
-    """This app's slots, made on first use (setdefault keeps one even if two threads race)."""
-    fresh = SyncSlots(svc.settings.api.sync_max_waiting)
-    slots: SyncSlots = current_app.extensions.setdefault("murmur.sync_slots", fresh)
+def _sync_slots() -> SyncSlots:
+    """This app's slots, made once by `create_app`."""
+    slots: SyncSlots = current_app.extensions[SYNC_SLOTS]
     return slots
 
 
@@ -189,7 +188,7 @@ def _sync_slots(svc: Services) -> SyncSlots:
 def openai_transcriptions() -> Response:
     """OpenAI-compatible synchronous transcription: submit, wait, answer in the asked format."""
     # A slot before the upload is read: a refused request costs nothing and stores nothing.
-    with _sync_slots(services()).hold():
+    with _sync_slots().hold():
         return _transcribe_and_wait()
 
 

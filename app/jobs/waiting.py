@@ -37,6 +37,10 @@ CHECK_SECONDS = 1.0
 READ_SECONDS = 5.0
 
 
+# Where `create_app` keeps the process's `SyncSlots` (the Flask app's extensions).
+SYNC_SLOTS = "murmur.sync_slots"
+
+
 class SyncSlots:
     """The synchronous requests one API process may have in progress at once."""
 
