@@ -97,12 +97,8 @@ def test_a_repeated_query_parameter_is_refused(client: Any) -> None:
         ('{"url": "https://example.com/a.wav", "x": {"k": 1, "k": 2}}', "k"),
     ],
 )
-def test_a_json_key_given_twice_is_refused(
-    client: Any, db: Database, body: str, name: str
-) -> None:
-    response = client.post(
-        "/v1/jobs", data=body, headers=auth(), content_type="application/json"
-    )
+def test_a_json_key_given_twice_is_refused(client: Any, db: Database, body: str, name: str) -> None:
+    response = client.post("/v1/jobs", data=body, headers=auth(), content_type="application/json")
     message = error_of(response, 400, "duplicate_field")
     assert message == f"JSON field given more than once (send one value each): {name}"
     assert job_count(db) == 0
