@@ -46,6 +46,7 @@ STATUS: dict[str, int] = {
     "idempotency_key_reused": 422,
     # app/jobs/requests.py: a public request's fields
     "unknown_field": 400,
+    "duplicate_field": 400,
     "invalid_parameter": 400,
     "invalid_text": 400,
     "missing_url": 400,

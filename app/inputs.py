@@ -7,7 +7,9 @@ log line is never split; a JSON body is parsed without recursion errors and nest
 A body is read through `read_body`, which never holds more than its limit + 1 bytes, declared
 length or chunked: a JSON body is at most `MAX_JSON_BYTES`, not the audio upload's limit.
 A filename from a client is display text only: no path component, no control or bidi
-characters, bounded; it is never used as a path.
+characters, bounded; it is never used as a path. A name (query parameter, form field, JSON
+key) holds one value: a repeated one is refused (`duplicate_field`), since a proxy or WAF in
+front may read another of its values than the one this code would.
 """
 
 from __future__ import annotations
@@ -15,12 +17,13 @@ from __future__ import annotations
 import json
 import math
 import unicodedata
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Collection, Iterable
 from typing import Any
 
 from flask import request
 
-from app.errors import ApiError
+from app.errors import ApiError, Refused
 
 MAX_JSON_DEPTH = 32
 # A URL job's JSON is a URL and a few short fields; the upload limit is for audio only.
@@ -88,6 +91,46 @@ def json_problem(value: Any, max_depth: int = MAX_JSON_DEPTH) -> str | None:
     return None
 
 
+MAX_SHOWN_NAME_CHARS = 100
+
+
+def shown_name(name: Any) -> str:
+    """A client's field name as an error message may quote it: bounded, and escaped when it
+    holds what `text_problem` refuses."""
+    if name is None:
+        return "(unnamed)"
+    text = str(name)
+    if text_problem(text) is not None:
+        text = ascii(text)[1:-1]
+    return text[:MAX_SHOWN_NAME_CHARS]
+
+
+def refuse_repeated(names: Iterable[Any], what: str, *, lists: Collection[Any] = ()) -> None:
+    """Refuse (`400 duplicate_field`) any of `names` given more than once, all of them named,
+    unless it names a list field (`lists`, e.g. `timestamp_granularities[]`)."""
+    repeated = [name for name, count in Counter(names).items() if count > 1 and name not in lists]
+    if repeated:
+        listed = ", ".join(sorted(shown_name(name) for name in repeated))
+        raise Refused(
+            "duplicate_field", f"{what} given more than once (send one value each): {listed}"
+        )
+
+
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise _DuplicateKey(key)
+        obj[key] = value
+    return obj
+
+
 def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
@@ -118,11 +161,18 @@ def request_json(limit: int = MAX_JSON_BYTES) -> Any:
     """The request body parsed as JSON, or ApiError 400 `invalid_json` (never a 500).
 
     Flask's `get_json(silent=True)` lets `RecursionError` escape and accepts `NaN`; this
-    refuses both, and anything `json_problem` refuses. Bodies over `limit` are 413.
+    refuses both, and anything `json_problem` refuses. Bodies over `limit` are 413. An
+    object with a key twice, at any depth, is `400 duplicate_field` (Python's parser would
+    keep the last value, another parser the first).
     """
     raw = read_body(limit)
     try:
-        body = json.loads(raw, parse_constant=_refuse_constant)
+        body = json.loads(raw, parse_constant=_refuse_constant, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as dup:
+        raise Refused(
+            "duplicate_field",
+            f"JSON field given more than once (send one value each): {shown_name(dup.key)}",
+        ) from None
     except (ValueError, RecursionError):
         raise ApiError(400, "invalid_json", "the request body is not a JSON object") from None
     problem = json_problem(body)
@@ -142,6 +192,7 @@ def check_request_text() -> None:
     for name, value in request.args.items(multi=True):
         check_text(name, "a query parameter name")
         check_text(value, name if text_problem(name) is None else "a query parameter")
+    refuse_repeated((name for name, _ in request.args.items(multi=True)), "query parameter")
     key = request.headers.get("Idempotency-Key")
     if key is not None:
         check_text(key, "Idempotency-Key")

@@ -111,6 +111,21 @@ def upload(
     return send
 
 
+def repeated_parts(files: list[tuple[str, bytes]], fields: list[tuple[str, str]]) -> Request:
+    """An upload whose form repeats a part: several `file` parts, or one text field many times."""
+
+    def send(url: str, key: str) -> requests.Response:
+        return requests.post(
+            f"{url}/v1/jobs",
+            headers={**HEADERS, "Idempotency-Key": key},
+            files=[("file", (name, data, "application/octet-stream")) for name, data in files],
+            data=fields,
+            timeout=60,
+        )
+
+    return send
+
+
 def raw_json(body: bytes) -> Request:
     def send(url: str, key: str) -> requests.Response:
         return requests.post(
@@ -156,6 +171,11 @@ HOSTILE: dict[str, Request] = {
     "NUL in job id": get("/v1/jobs/job_%00x"),
     "Idempotency-Key reused with another body": reused_key(),
     "huge header (64 KiB)": get("/v1/jobs", **{"X-Pad": "a" * 65536}),
+    "second file part": repeated_parts([("a.wav", SPEECH), ("b.wav", SILENCE)], []),
+    "900 language fields": repeated_parts([("a.wav", SPEECH)], [("language", "en")] * 900),
+    "JSON key twice": raw_json(
+        b'{"url": "http://127.0.0.1:9/a.wav", "url": "http://127.0.0.1:9/b"}'
+    ),
 }
 
 

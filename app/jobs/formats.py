@@ -1,9 +1,16 @@
-"""Rendering a stored transcript as json, verbose_json, txt, srt or vtt."""
+"""Rendering a stored transcript as json, verbose_json, txt, srt or vtt.
+
+Transcript text is data, never markup: in `srt`, `vtt` and `txt` every segment's text becomes
+exactly one line of one cue (`cue_text`), so no text can end a cue, start another, add a
+WebVTT `NOTE`/`STYLE`/`REGION` block, carry terminal escapes or reverse its display
+direction. `json` and `verbose_json` carry the stored text unchanged (JSON escapes it).
+"""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any, Literal, get_args
 
 from gpu_worker.protocol.bounds import MAX_SECONDS, finite_or_none
@@ -21,6 +28,51 @@ MEDIA_TYPES = {
 }
 
 
+# Line and paragraph breaks of every kind, and every other C0/C1 control (tab, ESC, DEL):
+# each becomes a space. Python's `str.splitlines` (and subtitle parsers built on it) also
+# break lines at \x1c-\x1e and \x85, all inside these ranges.
+_BREAKS_AND_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
+# Bidirectional embeddings, overrides, isolates and marks: dropped, so a cue cannot display
+# its words in another order than the one stored (the "Trojan Source" trick).
+_BIDI_CONTROLS = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_SURROGATES = re.compile("[\ud800-\udfff]")
+_SPACES = re.compile(" {2,}")
+# A timing arrow: two hyphens or more, then ">". One hyphen stays, so "-->" never re-forms.
+_ARROWS = re.compile("-{2,}>")
+# What a cue whose text is empty shows: a cue with no text line is a blank line, which ends
+# the block early in many parsers, so each segment keeps one visible cue.
+EMPTY_CUE = "\u2026"
+
+
+def one_line(text: Any) -> str:
+    """`text` as one line of plain text: no line breaks, controls, bidi controls or `-->`.
+
+    Breaks and controls become single spaces, runs of spaces one space, and the ends are
+    trimmed; the result may be empty.
+    """
+    line = str(text) if text is not None else ""
+    line = _BIDI_CONTROLS.sub("", line)
+    line = _SURROGATES.sub("\ufffd", line)  # unencodable as UTF-8: a replacement character
+    line = _BREAKS_AND_CONTROLS.sub(" ", line)
+    line = _ARROWS.sub("->", line)
+    return _SPACES.sub(" ", line).strip()
+
+
+def cue_text(text: Any) -> str:
+    """A segment's text as the single text line of one subtitle cue (`EMPTY_CUE` if empty).
+
+    The text part of any cue, in `srt` and `vtt` alike; a writer that adds a prefix (a
+    speaker's name) wraps it, and WebVTT escapes it (`vtt_escape`).
+    """
+    return one_line(text) or EMPTY_CUE
+
+
+def vtt_escape(text: str) -> str:
+    """Text as WebVTT cue text: `&`, `<` and `>` as character references, so no tag, no
+    timestamp tag and no `-->` can be made of it."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def _seconds(value: Any) -> float:
     """A stored time as a finite number of seconds in range (a bad stored row reads as 0)."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
@@ -28,7 +80,7 @@ def _seconds(value: Any) -> float:
     return min(max(float(value), 0.0), MAX_SECONDS)
 
 
-def _clock(seconds: float, separator: str) -> str:
+def _clock(seconds: Any, separator: str) -> str:
     millis = round(_seconds(seconds) * 1000)
     hours, millis = divmod(millis, 3_600_000)
     minutes, millis = divmod(millis, 60_000)
@@ -37,22 +89,24 @@ def _clock(seconds: float, separator: str) -> str:
 
 
 def _segments(transcript: dict[str, Any]) -> list[dict[str, Any]]:
-    return [s for s in transcript.get("segments", []) if str(s.get("text", "")).strip()]
+    return [s for s in transcript.get("segments", []) if isinstance(s, dict)]
 
 
 def to_srt(transcript: dict[str, Any]) -> str:
+    """One SRT cue per segment, numbered from 1."""
     blocks = []
     for index, seg in enumerate(_segments(transcript), start=1):
-        start, end = _clock(seg["start"], ","), _clock(seg["end"], ",")
-        blocks.append(f"{index}\n{start} --> {end}\n{seg['text'].strip()}\n")
+        start, end = _clock(seg.get("start"), ","), _clock(seg.get("end"), ",")
+        blocks.append(f"{index}\n{start} --> {end}\n{cue_text(seg.get('text'))}\n")
     return "\n".join(blocks)
 
 
 def to_vtt(transcript: dict[str, Any]) -> str:
+    """One WebVTT cue per segment, without identifiers."""
     blocks = ["WEBVTT\n"]
     for seg in _segments(transcript):
-        start, end = _clock(seg["start"], "."), _clock(seg["end"], ".")
-        blocks.append(f"{start} --> {end}\n{seg['text'].strip()}\n")
+        start, end = _clock(seg.get("start"), "."), _clock(seg.get("end"), ".")
+        blocks.append(f"{start} --> {end}\n{vtt_escape(cue_text(seg.get('text')))}\n")
     return "\n".join(blocks)
 
 
@@ -98,7 +152,7 @@ def render(transcript: dict[str, Any], fmt: str) -> tuple[str, str]:
         # allow_nan=False: a stored non-finite number is written as null, never as NaN.
         body = json.dumps(finite_or_none(to_verbose_json(transcript)), allow_nan=False)
     elif fmt in ("txt", "text"):
-        body = transcript.get("text", "").strip() + "\n"
+        body = one_line(transcript.get("text", "")) + "\n"
     elif fmt == "srt":
         body = to_srt(transcript)
     elif fmt == "vtt":

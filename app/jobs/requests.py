@@ -368,13 +368,18 @@ def refuse_unknown(model: type[BaseModel], names: Iterable[Any]) -> None:
         raise Refused("unknown_field", f"unknown {label}: {listed}")
 
 
-def form_values(model: type[BaseModel], form: Mapping[Any, list[str]]) -> dict[Any, Any]:
-    """A multipart form's values for `model`: every value of a list field, else the first."""
-    lists = {
+def list_fields(model: type[BaseModel]) -> set[str]:
+    """The public names of `model`'s list fields: the only names a form may repeat."""
+    return {
         _public_name(name, model)
         for name, field in model.model_fields.items()
         if get_origin(field.annotation) is list
     }
+
+
+def form_values(model: type[BaseModel], form: Mapping[Any, list[str]]) -> dict[Any, Any]:
+    """A multipart form's values for `model`: every value of a list field, else the one."""
+    lists = list_fields(model)
     return {name: values if name in lists else values[0] for name, values in form.items()}
 
 

@@ -11,7 +11,7 @@ from werkzeug.datastructures import FileStorage
 from app.auth import require_api_token
 from app.context import Services, services
 from app.errors import ApiError
-from app.inputs import display_filename, request_json
+from app.inputs import display_filename, refuse_repeated, request_json
 from app.jobs import idempotency, requests, retention, service
 from app.jobs.formats import render
 from app.jobs.requests import JobOptions
@@ -47,10 +47,15 @@ def _accepted(job_json: dict[str, Any], created: bool) -> Response:
 
 
 def _form_upload(model: type[F], svc: Services) -> tuple[FileStorage, F]:
-    """The audio part and the form's fields as `model`: unknown fields are refused first, then
-    a missing audio part, then the fields in the model's order."""
+    """The audio part and the form's fields as `model`: a repeated part is refused first (text
+    or file; a list field excepted), then unknown parts, then a missing audio part, then the
+    fields in the model's order."""
     form = request.form.to_dict(flat=False)
-    requests.refuse_unknown(model, form)
+    text_parts: list[str] = [name for name, _ in request.form.items(multi=True)]
+    file_parts: list[str] = [name for name, _ in request.files.items(multi=True)]
+    refuse_repeated([*text_parts, *file_parts], "form field", lists=requests.list_fields(model))
+    other_files = [name for name in file_parts if name != requests.UPLOAD_PART]
+    requests.refuse_unknown(model, list(form) + other_files)
     upload = request.files.get(requests.UPLOAD_PART)
     if upload is None:
         raise ApiError(400, "missing_file", "send the audio as a multipart form field named 'file'")

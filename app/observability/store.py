@@ -4,8 +4,8 @@ Layout (all keys under `murmur:`; the broker's own keys are untouched):
 
 - `murmur:worker:<id>:report` (string): the latest accepted snapshot, JSON; expires after
   3 report intervals.
-- `murmur:worker:<id>:cursor` (hash): `started`, `seq`, `line` of the newest report, which
-  orders reports; 7 days, or until `forget_worker`.
+- `murmur:worker:<id>:cursor` (hash): `started`, `seq`, `line`, `origin` of the newest
+  report, which orders reports; 7 days, or until `forget_worker`.
 - `murmur:worker:<id>:log` (list): the redacted log tail, newest last; 200 lines, expires
   24 h after the last line arrived.
 - `murmur:worker_last_report` (hash): worker id -> receipt time (unix s); until
@@ -103,26 +103,43 @@ def snapshot_ttl_ms(interval_seconds: float) -> int:
     return max(1, math.ceil(round(interval_seconds * SNAPSHOT_INTERVALS * 1000, 3)))
 
 
-# Atomic "newer wins": compare (process start, sequence) with the cursor, and only then
-# replace the snapshot, append unseen log lines and update freshness. A report that is not
-# newer changes nothing but the rejection counter.
+# Atomic "newer wins", and only then replace the snapshot, append unseen log lines and
+# update freshness. A report that is not newer changes nothing but the rejection counter.
+#
+# Which report is newer is decided on the control plane's clock, never the worker's: a worker
+# whose clock is hours off must not make its own later reports look old. `started` (the
+# worker's wall-clock process start) only names the process; within one process the
+# sequence orders its reports. Between two processes, the later one is the one whose
+# `origin` is later: the report's arrival here minus its uptime (the worker's monotonic
+# clock), i.e. when the process started, on this clock, plus the report's time in transit.
+# A process keeps the earliest origin seen, the closest to its real start.
 # KEYS: cursor, snapshot, log, freshness, accepted, rejections
 # ARGV: worker id, started, seq, snapshot JSON, received at, snapshot ttl ms, cursor ttl s,
-#       log ttl s, log lines kept, then pairs of (line number, text)
+#       log ttl s, log lines kept, origin, then pairs of (line number, text)
 _STORE_REPORT = """
-local cur = redis.call('HMGET', KEYS[1], 'started', 'seq', 'line')
-local started = tonumber(ARGV[2])
+local cur = redis.call('HMGET', KEYS[1], 'started', 'seq', 'line', 'origin')
 local seq = tonumber(ARGV[3])
-local cur_started = tonumber(cur[1])
-local cur_seq = tonumber(cur[2])
-if cur_started and (started < cur_started or (started == cur_started and seq <= cur_seq)) then
-  redis.call('HINCRBY', KEYS[6], 'stale_sequence', 1)
-  return 0
+local origin = tonumber(ARGV[10])
+local same = cur[1] == ARGV[2]
+local cur_origin = tonumber(cur[4])
+if cur[1] then
+  local stale
+  if same then
+    stale = seq <= tonumber(cur[2])
+  else
+    -- a cursor written before origins were kept cannot order processes: the newcomer wins
+    stale = cur_origin ~= nil and origin <= cur_origin
+  end
+  if stale then
+    redis.call('HINCRBY', KEYS[6], 'stale_sequence', 1)
+    return 0
+  end
 end
+if same and cur_origin and cur_origin < origin then origin = cur_origin end
 local line = 0
-if cur_started and started == cur_started then line = tonumber(cur[3]) or 0 end
+if same then line = tonumber(cur[3]) or 0 end
 local appended = 0
-for i = 10, #ARGV, 2 do
+for i = 11, #ARGV, 2 do
   local n = tonumber(ARGV[i])
   if n > line then
     redis.call('RPUSH', KEYS[3], ARGV[i + 1])
@@ -134,7 +151,8 @@ if appended > 0 then
   redis.call('LTRIM', KEYS[3], -tonumber(ARGV[9]), -1)
   redis.call('EXPIRE', KEYS[3], ARGV[8])
 end
-redis.call('HSET', KEYS[1], 'started', ARGV[2], 'seq', ARGV[3], 'line', tostring(line))
+redis.call('HSET', KEYS[1], 'started', ARGV[2], 'seq', ARGV[3], 'line', tostring(line),
+           'origin', string.format('%.17g', origin))
 redis.call('EXPIRE', KEYS[1], ARGV[7])
 redis.call('SET', KEYS[2], ARGV[4], 'PX', ARGV[6])
 redis.call('HSET', KEYS[4], ARGV[1], ARGV[5])
@@ -153,7 +171,10 @@ def store_report(
     received_at: float,
     interval_seconds: float,
 ) -> bool:
-    """Keep `report` as the worker's snapshot unless a newer one is stored; True if kept."""
+    """Keep `report` as the worker's snapshot unless a newer one is stored; True if kept.
+
+    Newer by the control plane's clock (`received_at`), whatever the worker's clock says.
+    """
     # Built as text: the report is already validated, and this runs for every report.
     snapshot = (
         f'{{"received_at":{received_at!r},"report":{report.model_dump_json(exclude={"log"})}}}'
@@ -168,6 +189,8 @@ def store_report(
         CURSOR_TTL_SECONDS,
         LOG_RETENTION_SECONDS,
         LOG_LINES_KEPT,
+        # When the process started, on this clock (see _STORE_REPORT).
+        repr(received_at - report.uptime_seconds),
     ]
     for number, text in log_lines:
         args += [number, text]

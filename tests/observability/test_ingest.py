@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ from app.credentials import InstanceCredential
 from app.models import Worker, WorkerState
 from app.observability import store
 from app.observability.views import MAX_REPORT_BYTES
+from gpu_worker.protocol.usage import UsageReport
 from tests.conftest import SIGNING_KEY, wait_for
 from tests.observability.conftest import (
     ObsEnv,
@@ -292,13 +294,73 @@ def test_older_and_repeated_reports_never_overwrite_newer_ones(obs: ObsEnv) -> N
     assert post(make_report(5, state="ready")).status_code == 409
     snapshot = store.read_snapshot(obs.redis, worker.id)
     assert snapshot is not None and snapshot.report["state"] == "busy"
-    # A restarted process starts its sequence again, from a later start time.
-    assert post(make_report(1, started=1_764_000_100.5, state="loading")).status_code == 200
-    # The previous process's late report is older, whatever its sequence number.
-    assert post(make_report(99, state="draining")).status_code == 409
+    # A restarted process starts its sequence again, a second ago by its uptime.
+    restarted = make_report(1, started=1_764_000_100.5, state="loading", uptime_seconds=1.0)
+    assert post(restarted).status_code == 200
+    # The previous process's late report (sent before the restart, after 100 s of uptime)
+    # is older, whatever its sequence number.
+    assert post(make_report(99, state="draining", uptime_seconds=100.0)).status_code == 409
     snapshot = store.read_snapshot(obs.redis, worker.id)
     assert snapshot is not None and snapshot.report["state"] == "loading"
     assert rejections(obs)["stale_sequence"] == 3
+
+
+def test_a_worker_clock_hours_off_never_blocks_its_later_reports(obs: ObsEnv) -> None:
+    """Reports order by the control plane's clock (issue 21 §5): a process that started with
+    its clock 5 h ahead, then a restart with the clock put right, is not `stale_report`."""
+    worker = live_worker(obs.db)
+
+    def post(body: dict[str, Any]) -> Any:
+        return post_report(obs.client, worker, body)
+
+    now = time.time()
+    ahead = now + 5 * 3600
+    assert post(make_report(1, started=ahead, uptime_seconds=2.0)).status_code == 200
+    assert post(make_report(2, started=ahead, uptime_seconds=32.0)).status_code == 200
+    # NTP puts the clock right; the worker process restarts: its start reads 5 h earlier.
+    right = make_report(1, started=now + 1.0, state="loading", uptime_seconds=0.5)
+    response = post(right)
+    assert response.status_code == 200, response.get_json()
+    assert post(make_report(2, started=now + 1.0, uptime_seconds=30.5)).status_code == 200
+    snapshot = store.read_snapshot(obs.redis, worker.id)
+    assert snapshot is not None and snapshot.report["process_started_at"] == now + 1.0
+    # The skewed process's report still in flight, sent after 40 s of its uptime: older.
+    late = post(make_report(3, started=ahead, state="draining", uptime_seconds=40.0))
+    assert late.status_code == 409
+    assert late.get_json()["error"]["code"] == "stale_report"
+    # A clock hours behind is no different: the next process is newer by this clock.
+    behind = make_report(1, started=now - 9 * 3600, state="loading", uptime_seconds=0.5)
+    assert post(behind).status_code == 200
+    assert rejections(obs).get("stale_sequence", 0) == 1
+
+
+def test_processes_are_ordered_by_arrival_minus_uptime(obs: ObsEnv) -> None:
+    """The store itself, on a clock the test sets: which process is newer is decided by when
+    it started on the control plane's clock, not by its own `process_started_at`."""
+    worker = live_worker(obs.db)
+
+    def report(sequence: int, started: float, uptime_seconds: float) -> UsageReport:
+        body = make_report(sequence, started=started, uptime_seconds=uptime_seconds)
+        return UsageReport.model_validate(body)
+
+    def keep(body: UsageReport, at: float) -> bool:
+        return store.store_report(
+            obs.redis, worker.id, body, [], received_at=at, interval_seconds=30.0
+        )
+
+    t0 = 1_900_000_000.0
+    # Process A started at t0 - 10 (this clock) and says it started in 2100.
+    assert keep(report(sequence=7, started=4_102_444_800.0, uptime_seconds=10.0), t0)
+    # Process B started at t0 + 5 and says 1970: newer.
+    assert keep(report(sequence=1, started=1.0, uptime_seconds=5.0), t0 + 10)
+    # A's report sent at t0 + 4, delivered 3 s late: older than B, refused.
+    assert not keep(report(sequence=8, started=4_102_444_800.0, uptime_seconds=14.0), t0 + 17)
+    # B's own reports go on by sequence, whatever their transit time.
+    assert keep(report(sequence=2, started=1.0, uptime_seconds=35.0), t0 + 41)
+    assert not keep(report(sequence=2, started=1.0, uptime_seconds=35.0), t0 + 42)
+    # A cursor written before origins were kept: a new process is taken as the newer one.
+    obs.redis.hdel(store.cursor_key(worker.id), "origin")
+    assert keep(report(sequence=1, started=0.5, uptime_seconds=1.0), t0 + 60)
 
 
 def test_log_lines_are_checked_again_deduplicated_and_capped(obs: ObsEnv) -> None:
