@@ -304,7 +304,8 @@ class S3AudioStore:
                         )
                         removed += 1
         except self._errors as exc:
-            raise self._unavailable(exc, "list unfinished uploads") from None
+            # A sweep meets the outage again next time; it must not fail the retention task.
+            self._unavailable(exc, "abort unfinished uploads")
         return removed
 
     def direct_url(self, key: str, expires_in: int) -> str | None:

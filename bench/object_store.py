@@ -47,7 +47,7 @@ from app.db import Database
 from app.migrate import upgrade
 from app.models import Job, JobStatus, Worker, WorkerState, utcnow
 from gpu_worker.audio import decode_bounded
-from gpu_worker.client import ControlPlaneClient, ControlPlaneError
+from gpu_worker.client import ControlPlaneClient
 from gpu_worker.protocol.transcript import Transcript
 from tests.s3_server import S3Server, start_s3_server
 
@@ -264,7 +264,8 @@ class PeakRss:
 
     def __init__(self, pid: int) -> None:
         self.master = psutil.Process(pid)
-        self.peak = 0
+        self.idle = sum(c.memory_info().rss for c in self.master.children())
+        self.peak = self.idle
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
@@ -309,7 +310,7 @@ def large_upload(tmp: Path, s3: S3Server | None, body: bytes) -> tuple[list[str]
             run.fetched_from,
             f"{uploaded:.2f} s",
             f"{latency:.2f} s",
-            f"{rss.peak / 2**20:.0f} MiB",
+            f"{rss.idle / 2**20:.0f} -> {rss.peak / 2**20:.0f} MiB",
             run.outcome,
         ]
         return row, latency, run.outcome == "succeeded" and run.bytes == len(body)
@@ -375,7 +376,7 @@ def main(argv: list[str]) -> int:
                     "audio fetched from",
                     "upload answered",
                     "job latency",
-                    "API peak RSS",
+                    "API RSS idle -> peak",
                     "outcome",
                 ],
                 rows,

@@ -10,6 +10,7 @@ that goes away (503 + Retry-After, nothing lost) and wrong credentials (validate
 
 from __future__ import annotations
 
+import io
 import os
 import threading
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ from sqlalchemy import update
 
 from app.cli import main as murmur
 from app.config import load_settings
+from app.credentials import InstanceCredential
 from app.db import Database
 from app.errors import Refused
 from app.jobs.retention import sweep_expired_audio
@@ -36,7 +38,9 @@ from app.storage import S3AudioStore, open_store
 from gpu_worker.client import ControlPlaneClient
 from tests.conftest import (
     FIXTURES,
+    SIGNING_KEY,
     LiveApi,
+    add_worker,
     auth,
     make_settings,
     wait_for,
@@ -382,3 +386,33 @@ def test_s3_secrets_come_from_the_environment_or_files_only(tmp_path: Path) -> N
     )
     assert settings.reveal("s3_secret_access_key") == "from-a-file-" + "f" * 30
     assert "from-a-file" not in repr(settings) and "from-a-file" not in repr(open_store(settings))
+
+
+# --- why the s3 store exists: the local store past one host ---------------------------------
+
+
+def test_a_local_store_claim_on_another_host_is_a_clear_audio_not_found(
+    client: Any, db: Database, settings: Any
+) -> None:
+    """Host B (this app) answers a claim for audio host A stored on its own disk: the signed
+    URL it issues finds no file, and says so (the two-host drill in bench/object_store.py)."""
+    worker = add_worker(db)
+    submitted = client.post(
+        "/v1/jobs",
+        data={"file": (io.BytesIO(SPEECH), "a.wav")},
+        headers=auth(),
+        content_type="multipart/form-data",
+    )
+    job_id = submitted.get_json()["id"]
+    for stored in Path(settings.storage_path).glob("*.audio"):
+        stored.unlink()  # it is on host A's disk, not here
+    token = InstanceCredential.derive(SIGNING_KEY, worker.id, worker.instance_id or "").token
+    claimed = client.post(
+        f"/internal/workers/{worker.id}/{worker.instance_id}/jobs/{job_id}/claim",
+        json={},
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    url = urlsplit(claimed.get_json()["job"]["audio_url"])
+    fetched = client.get(f"{url.path}?{url.query}")
+    assert fetched.status_code == 404
+    assert fetched.get_json()["error"]["code"] == "audio_not_found"
