@@ -185,6 +185,9 @@ def test_upload_claim_worker_fetch_purge_on_the_s3_store(
     host = urlsplit(s3_env["MURMUR_S3_ENDPOINT_URL"]).netloc
     assert f"of audio from http://{host}/{bucket}/" in proc.output()
     assert "/internal/jobs/" not in proc.output()
+    # Neither the store's secret nor the presigned URL's signature reaches the worker's log.
+    assert s3_env["MURMUR_S3_SECRET_ACCESS_KEY"] not in proc.output()
+    assert "X-Amz-Signature" not in proc.output()
 
     purged = requests.delete(
         f"{live_api.url}/v1/jobs/{job_id}?purge=true", headers=auth(), timeout=10
@@ -217,7 +220,7 @@ def test_retention_deletes_the_object_and_keeps_rows_when_the_bucket_is_gone(
 
 
 def test_a_bucket_that_goes_away_answers_503_and_loses_nothing(
-    live_api: LiveApi, s3_server: S3Server, s3_env: dict[str, str]
+    live_api: LiveApi, s3_server: S3Server, s3_env: dict[str, str], caplog: Any
 ) -> None:
     bucket = _bucket(s3_env)
     kept = _upload(live_api).json()["id"]
@@ -246,6 +249,10 @@ def test_a_bucket_that_goes_away_answers_503_and_loses_nothing(
     purge = requests.delete(f"{live_api.url}/v1/jobs/{kept}?purge=true", headers=auth(), timeout=10)
     assert purge.status_code == 503 and purge.json()["error"]["code"] == "storage_unavailable"
     assert _job(live_api.db, kept).audio_key is not None
+    logged = "\n".join(r.getMessage() for r in caplog.records if r.name == "app.storage")
+    assert "NoSuchBucket" in logged  # the operator is told why, without a credential
+    for secret in (s3_env["MURMUR_S3_SECRET_ACCESS_KEY"], s3_env["MURMUR_S3_ACCESS_KEY_ID"]):
+        assert secret not in logged
 
     # The bucket comes back (restored from its backup): the same requests now succeed.
     s3_server.make_bucket(bucket)
