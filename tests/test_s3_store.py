@@ -423,3 +423,36 @@ def test_a_local_store_claim_on_another_host_is_a_clear_audio_not_found(
     fetched = client.get(f"{url.path}?{url.query}")
     assert fetched.status_code == 404
     assert fetched.get_json()["error"]["code"] == "audio_not_found"
+
+
+def test_a_url_jobs_audio_is_fetched_into_the_bucket(
+    live_api: LiveApi, s3_server: S3Server, s3_env: dict[str, str], other_host: str
+) -> None:
+    """The URL fetch (the control worker's task body, run here in-process) stages, probes and
+    stores the audio the same way; a bucket gone meanwhile ends the job with the reason."""
+    from app.celery_config import make_celery
+    from app.jobs.fetch import fetch_audio
+    from app.services import build_services
+
+    svc = build_services(live_api.settings, make_celery(live_api.settings), db=live_api.db)
+    bucket = _bucket(s3_env)
+    ids = []
+    for _ in range(2):
+        response = requests.post(
+            f"{live_api.url}/v1/jobs",
+            headers=auth(),
+            json={"url": f"{other_host}/speech.wav"},
+            timeout=10,
+        )
+        assert response.status_code == 202, response.text
+        ids.append(response.json()["id"])
+    fetch_audio(svc, ids[0])
+    key = _job(live_api.db, ids[0]).audio_key
+    assert key is not None and s3_server.keys(bucket) == [key]
+    with svc.storage.open(key) as fh:
+        assert fh.read() == SPEECH
+    s3_server.drop_bucket(bucket)
+    fetch_audio(svc, ids[1])
+    failed = _job(live_api.db, ids[1])
+    assert (failed.status, failed.error_code) == ("failed", "storage_unavailable")
+    assert [p for p in Path(live_api.settings.storage_path).rglob("*") if p.is_file()] == []
