@@ -202,7 +202,9 @@ class S3AudioStore:
                     endpoint_url=self._storage.endpoint_url,
                     config=Config(
                         signature_version="s3v4",
-                        s3={"addressing_style": "path"},
+                        # Path-style URLs for a service of its own (MinIO, Ceph and most
+                        # others need them); AWS picks its own.
+                        s3={"addressing_style": "path" if self._storage.endpoint_url else "auto"},
                         connect_timeout=timeout,
                         read_timeout=timeout,
                         retries={"max_attempts": 3, "mode": "standard"},
@@ -353,6 +355,9 @@ _REASONS = {
     "AccessDenied": "access denied (no right on this bucket for these credentials)",
     "InvalidAccessKeyId": "the access key id is unknown to the service",
     "SignatureDoesNotMatch": "the secret access key does not match the access key id",
+    "AuthorizationHeaderMalformed": "the bucket is in another region: set storage.region",
+    "PermanentRedirect": "the bucket is in another region or endpoint: set storage.region",
+    "301": "the bucket is in another region or endpoint: set storage.region",
 }
 
 

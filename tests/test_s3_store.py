@@ -114,6 +114,36 @@ def test_an_abandoned_multipart_upload_is_aborted_by_the_staging_sweep(
     assert s3_server.keys(bucket) == []  # nothing half-written ever became an object
 
 
+def test_a_multipart_upload_that_breaks_off_is_aborted_and_never_visible(
+    tmp_path: Path, s3_server: S3Server, s3_env: dict[str, str]
+) -> None:
+    """The connection drops on every try of the second part (the client's own event hook,
+    before the bytes leave): the upload is refused 503, and the parts already sent are
+    discarded (the multipart upload is aborted), so no object and no upload is left."""
+    from botocore.exceptions import EndpointConnectionError
+
+    store = _store(tmp_path, s3_env)
+    sent: list[str] = []
+
+    def drop_second_part(request: Any, **_: Any) -> None:
+        sent.append(request.url)
+        if "partNumber=2" in request.url:
+            raise EndpointConnectionError(endpoint_url=s3_env["MURMUR_S3_ENDPOINT_URL"])
+
+    store.client.meta.events.register("before-send.s3.UploadPart", drop_second_part)
+    staged = store.staging_path()
+    staged.write_bytes(os.urandom(11 * 1024 * 1024))
+    with pytest.raises(Refused) as err:
+        store.commit(staged, "broken.audio")
+    assert err.value.code == "storage_unavailable"
+    assert any("partNumber=1" in url for url in sent)  # a part reached the server
+    assert any("partNumber=2" in url for url in sent)
+    assert not staged.exists()
+    s3 = s3_server.client()
+    assert s3.list_multipart_uploads(Bucket=_bucket(s3_env)).get("Uploads", []) == []
+    assert s3_server.keys(_bucket(s3_env)) == []
+
+
 def test_a_missing_object_is_audio_not_found_and_deleting_it_is_harmless(
     tmp_path: Path, s3_env: dict[str, str]
 ) -> None:
