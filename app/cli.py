@@ -15,7 +15,14 @@ import click
 import requests
 from tqdm import tqdm
 
-from app.config import ConfigError, check_settings, credential_problems, load_settings
+from app.config import (
+    ConfigError,
+    Settings,
+    check_settings,
+    credential_problems,
+    load_settings,
+    storage_problems,
+)
 from app.models import FINISHED_STATES, JobStatus
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -49,6 +56,8 @@ def validate_config(config_path: str | None, role: str) -> None:
         problems = exc.problems
     else:
         problems = check_settings(settings, role=role)
+        if role == "control" and not storage_problems(settings):
+            problems += _store_problems(settings)
     if problems:
         click.echo(f"configuration has {len(problems)} problem(s):", err=True)
         for problem in problems:
@@ -56,6 +65,16 @@ def validate_config(config_path: str | None, role: str) -> None:
         sys.exit(1)
     names = ", ".join(p.name for p in settings.profiles)
     click.echo(f"configuration OK: {len(settings.profiles)} profile(s): {names}")
+
+
+def _store_problems(settings: Settings) -> list[str]:
+    """Whether the audio store is reachable and writable (an s3 bucket is asked over the
+    network; the local directory is only looked at)."""
+    if settings.storage.backend == "local":
+        return []
+    from app.storage import open_store
+
+    return open_store(settings).problems()
 
 
 @main.group()
@@ -85,7 +104,10 @@ def db_upgrade(revision: str) -> None:
 def api(workers: int, threads: int) -> None:
     """Serve the API under gunicorn on MURMUR_HOST:MURMUR_PORT."""
     settings = load_settings()
-    problems = credential_problems(settings)
+    problems = credential_problems(settings) + storage_problems(settings)
+    if not problems:
+        # Wrong S3 credentials or a missing bucket stop the API here, not at the first upload.
+        problems = _store_problems(settings)
     if problems:  # a short or shared token must stop the API, not weaken it
         click.echo(f"cannot start the API: {len(problems)} problem(s):", err=True)
         for problem in problems:

@@ -168,6 +168,26 @@ class RedisSettings(_Strict):
         return sentinels
 
 
+class StorageSettings(_Strict):
+    """Where uploaded audio lives (app/storage.py): `local` (the directory `storage_path`, one
+    host) or `s3` (an S3-compatible bucket every API host and worker reaches: docs/operations.md,
+    "Past one host"). The S3 credentials come from the environment or *_FILE paths only."""
+
+    backend: Literal["local", "s3"] = "local"
+    bucket: str = ""
+    # Unset: AWS S3 itself; Scaleway is https://s3.<region>.scw.cloud, MinIO its own URL.
+    endpoint_url: str | None = None
+    region: str = "us-east-1"
+    # Every object's key starts with this (one bucket shared by several deployments).
+    key_prefix: str = ""
+    # How long a worker's presigned GET lives; issued at each claim for that attempt only.
+    presigned_url_ttl_seconds: int = Field(default=300, ge=10, le=3600)
+    # Uploads larger than this go up in parts of this size: memory stays bounded by it.
+    multipart_chunk_bytes: int = Field(default=8 * 1024 * 1024, ge=5 * 1024 * 1024)
+    # Seconds to wait for the bucket to answer (connect, then each read).
+    timeout_seconds: float = Field(default=10.0, gt=0, le=300)
+
+
 class ScalewaySettings(_Strict):
     api_url: str = "https://api.scaleway.com"
     project_id: str = ""
@@ -186,6 +206,7 @@ class Settings(_Strict):
     # "Broker TLS and users"). Unset: the system's CA bundle.
     redis_ca_certs: str | None = None
     storage_path: str = "var/audio"
+    storage: StorageSettings = StorageSettings()
     default_language: str | None = None
     fleet: FleetSettings = FleetSettings()
     budget: BudgetSettings = BudgetSettings()
@@ -203,6 +224,8 @@ class Settings(_Strict):
     webhook_secret: SecretStr | None = None
     scaleway_access_key: SecretStr | None = None
     scaleway_secret_key: SecretStr | None = None
+    s3_access_key_id: SecretStr | None = None
+    s3_secret_access_key: SecretStr | None = None
 
     @field_validator("profiles")
     @classmethod
@@ -255,6 +278,8 @@ _SECRET_ENV = {
     "webhook_secret": "MURMUR_WEBHOOK_SECRET",
     "scaleway_access_key": "SCW_ACCESS_KEY",
     "scaleway_secret_key": "SCW_SECRET_KEY",
+    "s3_access_key_id": "MURMUR_S3_ACCESS_KEY_ID",
+    "s3_secret_access_key": "MURMUR_S3_SECRET_ACCESS_KEY",
 }
 
 
@@ -309,6 +334,18 @@ def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
         out["redis_ca_certs"] = env["MURMUR_REDIS_CA_CERTS"] or None
     if "MURMUR_STORAGE_PATH" in env:
         out["storage_path"] = env["MURMUR_STORAGE_PATH"]
+    storage: dict[str, Any] = {}
+    for var, field in (
+        ("MURMUR_STORAGE_BACKEND", "backend"),
+        ("MURMUR_S3_BUCKET", "bucket"),
+        ("MURMUR_S3_ENDPOINT_URL", "endpoint_url"),
+        ("MURMUR_S3_REGION", "region"),
+        ("MURMUR_S3_KEY_PREFIX", "key_prefix"),
+    ):
+        if var in env:
+            storage[field] = env[var]
+    if storage:
+        out["storage"] = storage
     if "MURMUR_HOST" in env:
         api["host"] = env["MURMUR_HOST"]
     if "MURMUR_PORT" in env:
@@ -479,6 +516,29 @@ def credential_problems(settings: Settings) -> list[str]:
     return problems
 
 
+def storage_problems(settings: Settings) -> list[str]:
+    """What the audio store's configuration lacks (reaching the bucket is app/storage.py's)."""
+    storage = settings.storage
+    if storage.backend != "s3":
+        return []
+    problems = []
+    if not storage.bucket:
+        problems.append("storage.bucket: required for the s3 store (MURMUR_S3_BUCKET)")
+    for name in ("s3_access_key_id", "s3_secret_access_key"):
+        if not settings.reveal(name):
+            var = _SECRET_ENV[name]
+            problems.append(f"{var}: required for the s3 store ({var} or {var}_FILE)")
+    url = storage.endpoint_url
+    if url is not None and urlsplit(url).scheme not in ("http", "https"):
+        problems.append(f"storage.endpoint_url: {url!r} is not an http(s) URL")
+    elif url is not None and urlsplit(url).scheme == "http" and not _is_loopback_url(url):
+        problems.append(
+            "storage.endpoint_url: use https: the credentials' signatures and the audio "
+            "would cross the network in clear"
+        )
+    return problems
+
+
 def scrape_token_problem(settings: Settings) -> str | None:
     """Why the configured scrape token cannot guard /metrics, or None (unset counts as fine).
 
@@ -578,6 +638,7 @@ def check_settings(settings: Settings, *, role: str = "control") -> list[str]:
                 )
     if role == "control":
         problems += credential_problems(settings)
+        problems += storage_problems(settings)
         if any(p.provider == "scaleway" and p.enabled for p in settings.profiles):
             problems += _remote_worker_problems(settings)
             for name in ("scaleway_access_key", "scaleway_secret_key"):

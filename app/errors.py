@@ -72,12 +72,15 @@ STATUS: dict[str, int] = {
     # app/jobs/slow_work.py, app/jobs/waiting.py: this process's bounded slots are all taken
     "server_busy": 503,
     "sync_capacity_exhausted": 503,
+    # app/storage.py: the audio store (an S3 bucket) does not answer or refuses us
+    "storage_unavailable": 503,
 }
 # Refusals that pass with time: the seconds a client should wait before trying again.
 RETRY_AFTER: dict[str, int] = {
     "broker_unavailable": 5,
     "server_busy": 2,
     "sync_capacity_exhausted": 5,
+    "storage_unavailable": 10,
 }
 
 

@@ -83,7 +83,7 @@ def claim(worker_id: str, instance_id: str, job_id: str) -> Response:
     job = claim.job
     if job is None:
         raise ApiError(409, "job_not_claimable", f"job {job_id} is not waiting for this worker")
-    claimed = handover.handed_over(svc.settings, job, svc.clock())
+    claimed = handover.handed_over(svc.settings, svc.storage, job, svc.clock())
     return jsonify({"job": claimed.model_dump()})
 
 

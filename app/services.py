@@ -23,7 +23,7 @@ from app.broker import redis_client
 from app.config import Settings
 from app.db import Database
 from app.fleet.providers import ProviderRegistry
-from app.storage import AudioStore, LocalAudioStore
+from app.storage import AudioStore, open_store
 
 Clock = Callable[[], datetime]
 
@@ -69,7 +69,7 @@ def build_services(
             settings, socket_timeout=redis_timeout, socket_connect_timeout=redis_connect_timeout
         ),
         celery=celery,
-        storage=LocalAudioStore(settings.storage_path),
+        storage=open_store(settings),
         providers=providers or ProviderRegistry(settings),
         clock=clock,
     )

@@ -1,15 +1,33 @@
-"""Where uploaded audio lives: one small interface, a local-directory implementation by default."""
+"""Where uploaded audio lives: one small interface, a local directory or an S3-compatible bucket.
+
+Invariants, whichever store: an upload is staged in a local file first (the probe reads that
+copy), and becomes visible under its key only whole (a rename; a single PUT or a completed
+multipart upload), so no reader ever sees part of one. A store that cannot be reached raises
+`Refused("storage_unavailable")` (503 with Retry-After); a key with nothing behind it raises
+`Refused("audio_not_found")`. No error or log line carries a credential. `open_store` picks the
+implementation from `storage.backend`; nothing else asks which one it is.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
+import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import IO, Protocol
+from typing import IO, TYPE_CHECKING, Any, Protocol, cast
 
+from app.errors import Refused
 from app.private_files import private_dir
+
+if TYPE_CHECKING:
+    from app.config import Settings
+
+log = logging.getLogger(__name__)
 
 
 class AudioStore(Protocol):
@@ -17,19 +35,45 @@ class AudioStore(Protocol):
         """A fresh local file to stream an upload into before it is accepted."""
 
     def commit(self, staged: Path, key: str) -> None:
-        """Make a staged file the audio stored under `key`."""
+        """Make a staged file the audio stored under `key` (the staged file is consumed)."""
 
     def open(self, key: str) -> IO[bytes]: ...
 
     def size(self, key: str) -> int: ...
 
-    def delete(self, key: str) -> None: ...
+    def delete(self, key: str) -> None:
+        """Delete the audio under `key`; nothing there is not an error."""
 
     def copy_in(self, src: IO[bytes], key: str) -> None:
         """Store a copy of `src` under `key` (through staging, so readers never see part)."""
 
     def remove_stale_staging(self, max_age_seconds: float) -> int:
-        """Delete staged files older than this (left by a crash mid-upload); how many."""
+        """Delete staged files (and unfinished uploads) older than this, left by a crash
+        mid-upload; how many."""
+
+    def direct_url(self, key: str, expires_in: int) -> str | None:
+        """A URL that reads `key` for `expires_in` seconds without the API, or None when
+        this store has no such thing (the worker then goes through the signed API route)."""
+
+    def problems(self) -> list[str]:
+        """Why this store cannot take audio now (unreachable, not writable); empty if it can."""
+
+
+def open_store(settings: Settings) -> AudioStore:
+    """The audio store `settings.storage.backend` names."""
+    if settings.storage.backend == "s3":
+        return S3AudioStore(settings)
+    return LocalAudioStore(settings.storage_path)
+
+
+def _check_key(key: str) -> str:
+    if not key or "/" in key or key.startswith("."):
+        raise ValueError("invalid storage key")
+    return key
+
+
+def _not_found(key: str) -> Refused:
+    return Refused("audio_not_found", "the job's audio is not in the audio store")
 
 
 class LocalAudioStore:
@@ -43,9 +87,7 @@ class LocalAudioStore:
         private_dir(self.root / ".staging")
 
     def _path(self, key: str) -> Path:
-        if not key or "/" in key or key.startswith("."):
-            raise ValueError("invalid storage key")
-        return self.root / key
+        return self.root / _check_key(key)
 
     def staging_path(self) -> Path:
         fd, name = tempfile.mkstemp(dir=self.root / ".staging")
@@ -56,28 +98,271 @@ class LocalAudioStore:
         os.replace(staged, self._path(key))
 
     def open(self, key: str) -> IO[bytes]:
-        return self._path(key).open("rb")
+        try:
+            return self._path(key).open("rb")
+        except FileNotFoundError:  # another host's upload, or swept meanwhile
+            raise _not_found(key) from None
 
     def size(self, key: str) -> int:
-        return self._path(key).stat().st_size
+        try:
+            return self._path(key).stat().st_size
+        except FileNotFoundError:
+            raise _not_found(key) from None
 
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
 
     def remove_stale_staging(self, max_age_seconds: float) -> int:
-        cutoff = time.time() - max_age_seconds
-        removed = 0
-        for path in (self.root / ".staging").iterdir():
-            try:
-                if path.stat().st_mtime < cutoff:
-                    path.unlink()
-                    removed += 1
-            except FileNotFoundError:  # another sweep, or the upload finishing, got there first
-                continue
-        return removed
+        return _remove_stale_files(self.root / ".staging", max_age_seconds)
 
     def copy_in(self, src: IO[bytes], key: str) -> None:
         staged = self.staging_path()
         with staged.open("wb") as out:
             shutil.copyfileobj(src, out)
         self.commit(staged, key)
+
+    def direct_url(self, key: str, expires_in: int) -> str | None:
+        return None
+
+    def problems(self) -> list[str]:
+        if not os.access(self.root, os.W_OK | os.X_OK):
+            return [f"storage_path: {self.root} is not writable by this process"]
+        return []
+
+
+def _remove_stale_files(folder: Path, max_age_seconds: float) -> int:
+    cutoff = time.time() - max_age_seconds
+    removed = 0
+    for path in folder.iterdir():
+        try:
+            if path.stat().st_mtime < cutoff:
+                path.unlink()
+                removed += 1
+        except FileNotFoundError:  # another sweep, or the upload finishing, got there first
+            continue
+    return removed
+
+
+def _s3_errors() -> tuple[type[Exception], ...]:
+    """The exceptions of an S3 exchange that failed; anything else is a bug of ours."""
+    from boto3.exceptions import Boto3Error
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    return (BotoCoreError, ClientError, Boto3Error)
+
+
+# S3 error codes that mean "nothing under this key" rather than "the store is unwell".
+_MISSING = {"NoSuchKey", "404", "NotFound"}
+
+
+class S3AudioStore:
+    """Audio as objects in one bucket of an S3-compatible service (AWS, Scaleway, MinIO, Ceph).
+
+    Uploads are staged in `storage_path/.staging` on the local disk (the probe reads that copy),
+    then sent with boto3's transfer manager: one PUT, or a multipart upload in parts of
+    `storage.multipart_chunk_bytes` when larger, which boto3 aborts if a part fails; one a
+    crash left unfinished is aborted by `remove_stale_staging` (and, as a second guard, by the
+    bucket's lifecycle rule, docs/operations.md). boto3 is imported only when this store is
+    built: the local store and the worker never need it.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self._storage = settings.storage
+        self._access_key = settings.reveal("s3_access_key_id")
+        self._secret_key = settings.reveal("s3_secret_access_key")
+        self.bucket = settings.storage.bucket
+        self.prefix = settings.storage.key_prefix
+        self.staging = Path(settings.storage_path) / ".staging"
+        private_dir(Path(settings.storage_path))
+        private_dir(self.staging)
+        self._client: Any = None
+        self._lock = threading.Lock()
+        self._errors = _s3_errors()
+
+    def __repr__(self) -> str:  # never the credentials
+        return f"S3AudioStore(bucket={self.bucket!r}, endpoint={self._where()!r})"
+
+    def _where(self) -> str:
+        return self._storage.endpoint_url or f"AWS S3 ({self._storage.region})"
+
+    @property
+    def client(self) -> Any:
+        with self._lock:
+            if self._client is None:
+                import boto3
+                from botocore.config import Config
+
+                timeout = self._storage.timeout_seconds
+                self._client = boto3.session.Session(
+                    aws_access_key_id=self._access_key,
+                    aws_secret_access_key=self._secret_key,
+                    region_name=self._storage.region,
+                ).client(
+                    "s3",
+                    endpoint_url=self._storage.endpoint_url,
+                    config=Config(
+                        signature_version="s3v4",
+                        # Path-style URLs for a service of its own (MinIO, Ceph and most
+                        # others need them); AWS picks its own.
+                        s3={"addressing_style": "path" if self._storage.endpoint_url else "auto"},
+                        connect_timeout=timeout,
+                        read_timeout=timeout,
+                        retries={"max_attempts": 3, "mode": "standard"},
+                        # Checksums only where the API requires them: several S3-compatible
+                        # services refuse the CRC headers newer clients add by default.
+                        request_checksum_calculation="when_required",
+                        response_checksum_validation="when_required",
+                    ),
+                )
+            return self._client
+
+    def _key(self, key: str) -> str:
+        return self.prefix + _check_key(key)
+
+    def _unavailable(self, exc: Exception, doing: str) -> Refused:
+        # The error's class and code only: botocore messages may quote the request.
+        log.warning(
+            "audio store %s: %s failed: %s %s",
+            self._where(),
+            doing,
+            type(exc).__name__,
+            _error_code(exc) or "",
+        )
+        return Refused("storage_unavailable", "the audio store is unavailable; retry shortly")
+
+    def staging_path(self) -> Path:
+        fd, name = tempfile.mkstemp(dir=self.staging)
+        os.close(fd)
+        return Path(name)
+
+    def _transfer_config(self) -> Any:
+        from boto3.s3.transfer import TransferConfig
+
+        chunk = self._storage.multipart_chunk_bytes
+        # At most `max_concurrency` parts are in flight at once: memory stays bounded by the
+        # part size, not the file's.
+        return TransferConfig(
+            multipart_threshold=chunk,
+            multipart_chunksize=chunk,
+            max_concurrency=4,
+        )
+
+    def commit(self, staged: Path, key: str) -> None:
+        try:
+            self.client.upload_file(
+                str(staged), self.bucket, self._key(key), Config=self._transfer_config()
+            )
+        except self._errors as exc:
+            raise self._unavailable(exc, "upload") from None
+        finally:
+            staged.unlink(missing_ok=True)
+
+    def copy_in(self, src: IO[bytes], key: str) -> None:
+        try:
+            self.client.upload_fileobj(
+                src, self.bucket, self._key(key), Config=self._transfer_config()
+            )
+        except self._errors as exc:
+            raise self._unavailable(exc, "upload") from None
+
+    def open(self, key: str) -> IO[bytes]:
+        try:
+            body = self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"]
+        except self._errors as exc:
+            if _error_code(exc) in _MISSING:
+                raise _not_found(key) from None
+            raise self._unavailable(exc, "read") from None
+        return cast(IO[bytes], body)
+
+    def size(self, key: str) -> int:
+        try:
+            head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+        except self._errors as exc:
+            if _error_code(exc) in _MISSING:
+                raise _not_found(key) from None
+            raise self._unavailable(exc, "head") from None
+        return int(head["ContentLength"])
+
+    def delete(self, key: str) -> None:
+        try:
+            self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+        except self._errors as exc:
+            if _error_code(exc) in _MISSING:
+                return
+            raise self._unavailable(exc, "delete") from None
+
+    def remove_stale_staging(self, max_age_seconds: float) -> int:
+        removed = _remove_stale_files(self.staging, max_age_seconds)
+        cutoff = datetime.now(UTC) - timedelta(seconds=max_age_seconds)
+        try:
+            pages = self.client.get_paginator("list_multipart_uploads").paginate(
+                Bucket=self.bucket, Prefix=self.prefix
+            )
+            for page in pages:
+                for upload in page.get("Uploads", []):
+                    if upload["Initiated"] < cutoff:
+                        self.client.abort_multipart_upload(
+                            Bucket=self.bucket, Key=upload["Key"], UploadId=upload["UploadId"]
+                        )
+                        removed += 1
+        except self._errors as exc:
+            # A sweep meets the outage again next time; it must not fail the retention task.
+            self._unavailable(exc, "abort unfinished uploads")
+        return removed
+
+    def direct_url(self, key: str, expires_in: int) -> str | None:
+        # Signed locally: no request to the bucket. The URL carries the access key's id (not
+        # its secret) and is good for any GET of this one object until it expires.
+        return cast(
+            str,
+            self.client.generate_presigned_url(
+                "get_object",
+                Params={"Bucket": self.bucket, "Key": self._key(key)},
+                ExpiresIn=expires_in,
+            ),
+        )
+
+    def problems(self) -> list[str]:
+        """Whether the bucket answers (reachable), then whether a small object can be written
+        and deleted (writable); each says which of the two failed and why, never a secret."""
+        where = f"storage: bucket {self.bucket!r} at {self._where()}"
+        try:
+            # A listing, not HEAD: its error has a body that says which credential is wrong.
+            self.client.list_objects_v2(Bucket=self.bucket, Prefix=self.prefix, MaxKeys=1)
+        except self._errors as exc:
+            return [f"{where} is not reachable: {_reason(exc)}"]
+        probe = f"{self.prefix}.murmur-write-check-{uuid.uuid4().hex}"
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=probe, Body=b"murmur")
+            self.client.delete_object(Bucket=self.bucket, Key=probe)
+        except self._errors as exc:
+            return [f"{where} is reachable but not writable: {_reason(exc)}"]
+        return []
+
+
+def _error_code(exc: Exception) -> str | None:
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        code = response.get("Error", {}).get("Code")
+        return str(code) if code is not None else None
+    return None
+
+
+_REASONS = {
+    "404": "no such bucket",
+    "NoSuchBucket": "no such bucket",
+    "403": "access denied (wrong credentials, or no right on this bucket)",
+    "AccessDenied": "access denied (no right on this bucket for these credentials)",
+    "InvalidAccessKeyId": "the access key id is unknown to the service",
+    "SignatureDoesNotMatch": "the secret access key does not match the access key id",
+    "AuthorizationHeaderMalformed": "the bucket is in another region: set storage.region",
+    "PermanentRedirect": "the bucket is in another region or endpoint: set storage.region",
+    "301": "the bucket is in another region or endpoint: set storage.region",
+}
+
+
+def _reason(exc: Exception) -> str:
+    code = _error_code(exc)
+    if code is not None:
+        return _REASONS.get(code, f"the service answered {code}")
+    return f"no answer ({type(exc).__name__})"

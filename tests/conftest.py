@@ -403,3 +403,22 @@ def control_worker(live_api: LiveApi, tmp_path: Path) -> Iterator[Proc]:
 
 def api_get(live: LiveApi, path: str, token: str = API_TOKEN, **kw: Any) -> requests.Response:
     return requests.get(live.url + path, headers=auth(token), timeout=30, **kw)
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real S3-compatible server (moto's, tests/s3_server.py) on a loopback port, started
+    once per session like Redis and PostgreSQL; it checks no signature (see that module)."""
+    from tests.s3_server import start_s3_server
+
+    server = start_s3_server(tmp_path_factory.mktemp("s3") / "s3.log")
+    yield server
+    server.stop()
+
+
+@pytest.fixture()
+def s3_env(s3_server: Any) -> dict[str, str]:
+    """MURMUR_* settings of an s3 store in a bucket of its own for this test."""
+    bucket = f"murmur-{uuid.uuid4().hex[:16]}"
+    s3_server.make_bucket(bucket)
+    return dict(s3_server.env(bucket))

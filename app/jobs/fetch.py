@@ -73,7 +73,12 @@ def fetch_audio(svc: Services, job_id: str) -> None:
         fail("url_fetch_failed", f"storing the URL's content failed: {type(exc).__name__}")
         return
     key = staged.name + ".audio"
-    store.commit(staged, key)
+    try:
+        store.commit(staged, key)
+    except Refused as err:  # the store is down: end the job with that reason, keep nothing
+        staged.unlink(missing_ok=True)
+        fail(err.code, err.message)
+        return
     with db.session() as s:
         moved = rows_changed(
             s,

@@ -52,7 +52,11 @@ def sweep_expired_audio(db: Database, store: AudioStore, settings: Settings, now
     cleared = 0
     for job_id, key in expired:
         assert key is not None
-        store.delete(key)
+        try:
+            store.delete(key)
+        except Refused as err:  # the store is down: the rows keep their keys for next time
+            log.warning("retention: audio store unavailable (%s); will retry", err.code)
+            break
         with db.session() as s:
             cleared += rows_changed(
                 s,

@@ -10,6 +10,7 @@ stored yet). An idempotent repeat returns the first job and stores nothing.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
@@ -23,6 +24,8 @@ from app.jobs import idempotency, service
 from app.jobs.dispatch import send_dispatched
 from app.models import Job, JobStatus
 from app.services import Services
+
+log = logging.getLogger(__name__)
 
 
 class Upload(Protocol):
@@ -66,7 +69,7 @@ class Submitter:
         except BaseException:
             # No row refers to the audio: a refused or failed insert must not leave it behind.
             staged.unlink(missing_ok=True)
-            self.svc.storage.delete(audio_key)
+            self._forget(audio_key)
             raise
         if not created:
             self.svc.storage.delete(audio_key)
@@ -95,6 +98,15 @@ class Submitter:
                 "broker_unavailable", "the job queue is unavailable; retry shortly"
             ) from exc
         return job, True
+
+    def _forget(self, audio_key: str) -> None:
+        """Delete audio no row names; a store that is down meanwhile must not hide the error
+        that brought us here (the object, if it was ever written, is then left to the
+        bucket's lifecycle rule, docs/operations.md)."""
+        try:
+            self.svc.storage.delete(audio_key)
+        except Refused as err:
+            log.warning("could not delete unreferenced audio: %s", err.code)
 
     def _stage(self, upload: Upload) -> tuple[Path, int, float]:
         """Stream the upload to a staging file, enforce the size cap, probe it."""
