@@ -153,12 +153,14 @@ class RetentionSettings(_Strict):
 class IoSettings(_Strict):
     """How much outbound work the I/O workers do at once (app/jobs/io_slots.py): URL fetches
     and webhook attempts, across every I/O worker process and per API token. A task over a
-    bound waits for a slot (it is retried shortly), it never fails for it."""
+    bound waits for a slot (it is retried shortly), it never fails for it. An I/O worker with
+    more threads than `fetches + webhooks` always has threads for the other kind and for
+    retention, whatever the peers do."""
 
-    fetches: int = Field(default=16, ge=1, le=10000)
-    fetches_per_token: int = Field(default=4, ge=1, le=10000)
-    webhooks: int = Field(default=32, ge=1, le=10000)
-    webhooks_per_token: int = Field(default=8, ge=1, le=10000)
+    fetches: int = Field(default=8, ge=1, le=10000)
+    fetches_per_token: int = Field(default=2, ge=1, le=10000)
+    webhooks: int = Field(default=8, ge=1, le=10000)
+    webhooks_per_token: int = Field(default=4, ge=1, le=10000)
 
 
 class RedisSettings(_Strict):

@@ -50,7 +50,10 @@ SPEECH = (ROOT / "tests" / "fixtures" / "speech-short.wav").read_bytes()
 HOSTILE = [f"bench-hostile-{n}-" + "h" * 32 for n in range(4)]
 OTHER = "bench-other-" + "o" * 32
 DRIP_SECONDS = 10.0
-IO_THREADS = 16
+IO_THREADS = 20
+# Both measured uploads start at least this long after the fleet was last seen empty: a
+# deleted worker's process may still be exiting (and using a CPU) when its row says deleted.
+SETTLE_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -117,7 +120,7 @@ def start(database_url: str | None) -> Stack:
     stack.procs["control"] = celery(
         stack,
         "control",
-        ["worker", "-Q", "control", "--concurrency", "2", "-n", f"control-{tag}@%h"],
+        ["worker", "-Q", "control", "--concurrency", "2", "-l", "INFO", "-n", f"control-{tag}@%h"],
     )
     stack.procs["io"] = celery(
         stack,
@@ -130,6 +133,8 @@ def start(database_url: str | None) -> Stack:
             "threads",
             "--concurrency",
             str(IO_THREADS),
+            "-l",
+            "INFO",
             "-n",
             f"io-{tag}@%h",
         ],
@@ -211,12 +216,18 @@ def drill(stack: Stack, peer: SlowPeer, size: Size) -> Outcome:
         wait(
             lambda: requests.get(f"{stack.url}/readyz", timeout=5).status_code == 200, 90, "/readyz"
         )
+        if size.warm_up:  # the first worker start reads the model and imports from a cold cache
+            if timed_upload(stack, TOKEN, size.upload_deadline) is None:
+                raise RuntimeError("the warm-up upload did not finish: the stack is broken")
+            wait(lambda: live_workers(db) == 0, 120, "the idle worker to be deleted")
+            time.sleep(SETTLE_SECONDS)
         baseline = timed_upload(stack, TOKEN, size.upload_deadline)
         if baseline is None:
             raise RuntimeError("the baseline upload did not finish: the stack is broken")
         out.baseline = baseline
         print(f"  idle stack: upload done in {baseline:.1f} s", flush=True)
         wait(lambda: live_workers(db) == 0, 120, "the idle worker to be deleted")
+        empty_at = time.monotonic()
 
         stop_watch = threading.Event()
 
@@ -243,6 +254,7 @@ def drill(stack: Stack, peer: SlowPeer, size: Size) -> Outcome:
             for n in range(size.tarpits):
                 submit(stack, HOSTILE[n % len(HOSTILE)], {"url": f"{peer.url}/tarpit{n}.wav"})
             wait(lambda: peer.open_tarpits >= 1, 60, "a fetch to wait on the tarpit")
+            time.sleep(max(0.0, empty_at + SETTLE_SECONDS - time.monotonic()))
             print(
                 f"  load in place: {peer.open_tarpits} fetches and {peer.open_hooks} webhooks "
                 "waiting on the peer",

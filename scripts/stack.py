@@ -39,9 +39,9 @@ ROOT = Path(__file__).resolve().parent.parent
 VAR = ROOT / "var"
 SECRETS_FILE = VAR / "dev-secrets.env"
 
-# The I/O worker's threads: more than the per-token bounds (io.fetches_per_token,
-# io.webhooks_per_token), so one token's tarpits leave threads to the others.
-IO_THREADS = 16
+# The I/O worker's threads: more than io.fetches + io.webhooks (8 + 8 by default), so slow
+# peers of one kind never take the threads of the other kind, or of retention.
+IO_THREADS = 20
 
 # Generated once per checkout for the local stack, kept in var/ (git-ignored, mode 0600).
 _DEV_SECRETS = (
