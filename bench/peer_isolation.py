@@ -94,7 +94,7 @@ def celery(stack: Stack, name: str, args: list[str]) -> subprocess.Popen[bytes]:
     )
 
 
-def start(database_url: str | None) -> Stack:
+def start(database_url: str | None, one_queue: bool = False) -> Stack:
     tmp = temp_dir()
     port, redis_port = free_port(), free_port()
     config = tmp / "drill.toml"
@@ -117,11 +117,17 @@ def start(database_url: str | None) -> Stack:
     upgrade(env["MURMUR_DATABASE_URL"])
     stack.procs["api"] = production_api(env, port, tmp / "api.log")
     tag = uuid.uuid4().hex[:6]
+    queues = "control,io" if one_queue else "control"  # --one-queue: the layout before issue 21
     stack.procs["control"] = celery(
         stack,
         "control",
-        ["worker", "-Q", "control", "--concurrency", "2", "-l", "INFO", "-n", f"control-{tag}@%h"],
+        ["worker", "-Q", queues, "--concurrency", "2", "-l", "INFO", "-n", f"control-{tag}@%h"],
     )
+    if one_queue:
+        stack.procs["beat"] = celery(
+            stack, "beat", ["beat", "--schedule", str(stack.tmp / "celerybeat-schedule")]
+        )
+        return stack
     stack.procs["io"] = celery(
         stack,
         "io",
@@ -147,7 +153,7 @@ def start(database_url: str | None) -> Stack:
 
 def stop(stack: Stack) -> None:
     # Warm shutdown would wait for the tarpitted fetches (their deadline is 300 s).
-    for name in ("beat", "io"):
+    for name in ("beat", "io", "control"):
         proc = stack.procs.pop(name, None)
         if proc is None or proc.poll() is not None:
             continue
@@ -275,6 +281,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--postgres", action="store_true", help="a throw-away PostgreSQL database")
     parser.add_argument("--smoke", action="store_true", help="5 tarpits and 10 webhooks, ~1 min")
     parser.add_argument("--keep", action="store_true", help="keep the logs and files afterwards")
+    parser.add_argument(
+        "--one-queue",
+        action="store_true",
+        help="for comparison: the control worker also runs the io queue (the layout before)",
+    )
     args = parser.parse_args(argv)
     size = SMOKE if args.smoke else FULL
     with contextlib.ExitStack() as resources:
@@ -282,7 +293,7 @@ def main(argv: list[str]) -> int:
         peer = resources.enter_context(slow_peer(DRIP_SECONDS))
         kind = "PostgreSQL" if args.postgres else "SQLite"
         print(f"peer isolation drill ({kind}, {size.tarpits} tarpits, {size.webhooks} webhooks)")
-        stack = start(database_url)
+        stack = start(database_url, one_queue=args.one_queue)
         try:
             outcome = drill(stack, peer, size)
         finally:
