@@ -1,9 +1,16 @@
 """The control plane's Celery app, as configuration: broker settings, reliability options,
-the beat schedule, and the control queue's tasks, each named once (`ControlTask`).
+the beat schedule, and the control plane's tasks, each named once with its queue (`ControlTask`).
 
-The same broker carries the `control` queue (reconcile, URL fetches, webhooks) and one
-`transcribe.<profile>` queue per profile, which only GPU workers consume; the task and
-queue names and the visibility timeout are the wire contract's (gpu_worker/protocol/broker.py).
+The same broker carries the `control` queue (the reconcile), the `io` queue (URL fetches,
+webhook deliveries and their sweep, retention) and one `transcribe.<profile>` queue per
+profile, which only GPU workers consume; the task and queue names and the visibility timeout
+are the wire contract's (gpu_worker/protocol/broker.py).
+
+Invariant: nothing that waits on a peer (a URL's server, a webhook receiver, the audio store)
+is routed to `control`. The control worker consumes `control` only, so the reconcile (which
+dispatches, provisions and deletes) never waits behind a client's slow server; the I/O
+worker consumes `io` with a thread pool, and app/jobs/io_slots.py bounds how many fetches and
+deliveries run at once, in all and per API token.
 """
 
 from __future__ import annotations
@@ -19,24 +26,28 @@ from app.redis_primary import broker_transport_options
 from gpu_worker.protocol.broker import VISIBILITY_TIMEOUT_SECONDS
 
 CONTROL_QUEUE = "control"
+IO_QUEUE = "io"
 
 
 @dataclass(frozen=True)
 class ControlTask:
-    """A task of the control queue. The domain that needs it sends it through this object;
-    tasks/ registers its body under `name`. Nowhere else is the name spelled."""
+    """A task of the control plane and the queue it runs on. The domain that needs it sends
+    it through this object; tasks/ registers its body under `name`. Nowhere else is the name
+    spelled. (The names keep their `murmur.control.` prefix whatever the queue: a message
+    queued before an upgrade still finds its task.)"""
 
     name: str
+    queue: str = CONTROL_QUEUE
 
     def send(self, celery: Celery, *args: str, **options: Any) -> None:
-        celery.send_task(self.name, args=list(args), queue=CONTROL_QUEUE, **options)
+        celery.send_task(self.name, args=list(args), queue=self.queue, **options)
 
 
 RECONCILE = ControlTask("murmur.control.reconcile")
-FETCH_AUDIO = ControlTask("murmur.control.fetch_audio")
-DELIVER_WEBHOOK = ControlTask("murmur.control.deliver_webhook")
-SWEEP_WEBHOOKS = ControlTask("murmur.control.sweep_webhooks")
-SWEEP_RETENTION = ControlTask("murmur.control.sweep_retention")
+FETCH_AUDIO = ControlTask("murmur.control.fetch_audio", IO_QUEUE)
+DELIVER_WEBHOOK = ControlTask("murmur.control.deliver_webhook", IO_QUEUE)
+SWEEP_WEBHOOKS = ControlTask("murmur.control.sweep_webhooks", IO_QUEUE)
+SWEEP_RETENTION = ControlTask("murmur.control.sweep_retention", IO_QUEUE)
 CONTROL_TASKS = (RECONCILE, FETCH_AUDIO, DELIVER_WEBHOOK, SWEEP_WEBHOOKS, SWEEP_RETENTION)
 
 
@@ -64,13 +75,13 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # events still show it (docs/deploy-workers.md, "The broker").
         "worker_enable_remote_control": False,
         "task_default_queue": CONTROL_QUEUE,
-        "task_routes": {task.name: {"queue": CONTROL_QUEUE} for task in CONTROL_TASKS},
+        "task_routes": {task.name: {"queue": task.queue} for task in CONTROL_TASKS},
         "beat_schedule": {
             "reconcile": {
                 "task": RECONCILE.name,
                 "schedule": settings.fleet.reconcile_interval_seconds,
                 "options": {
-                    "queue": CONTROL_QUEUE,
+                    "queue": RECONCILE.queue,
                     "expires": settings.fleet.reconcile_interval_seconds,
                 },
             },
@@ -79,7 +90,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
                 "task": SWEEP_WEBHOOKS.name,
                 "schedule": settings.fleet.reconcile_interval_seconds,
                 "options": {
-                    "queue": CONTROL_QUEUE,
+                    "queue": SWEEP_WEBHOOKS.queue,
                     "expires": settings.fleet.reconcile_interval_seconds,
                 },
             },
@@ -87,7 +98,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
                 "task": SWEEP_RETENTION.name,
                 "schedule": settings.retention.sweep_interval_seconds,
                 "options": {
-                    "queue": CONTROL_QUEUE,
+                    "queue": SWEEP_RETENTION.queue,
                     "expires": settings.retention.sweep_interval_seconds,
                 },
             },

@@ -150,6 +150,19 @@ class RetentionSettings(_Strict):
     batch_size: int = Field(default=200, ge=1, le=10000)
 
 
+class IoSettings(_Strict):
+    """How much outbound work the I/O workers do at once (app/jobs/io_slots.py): URL fetches
+    and webhook attempts, across every I/O worker process and per API token. A task over a
+    bound waits for a slot (it is retried shortly), it never fails for it. An I/O worker with
+    more threads than `fetches + webhooks` always has threads for the other kind and for
+    retention, whatever the peers do."""
+
+    fetches: int = Field(default=8, ge=1, le=10000)
+    fetches_per_token: int = Field(default=2, ge=1, le=10000)
+    webhooks: int = Field(default=8, ge=1, le=10000)
+    webhooks_per_token: int = Field(default=4, ge=1, le=10000)
+
+
 class RedisSettings(_Strict):
     """Redis high availability: with `sentinels` set, every client (Celery's broker, the app's
     own keys, cloud-init's broker URL) asks those Sentinels for the current primary of
@@ -212,6 +225,7 @@ class Settings(_Strict):
     budget: BudgetSettings = BudgetSettings()
     observability: ObservabilitySettings = ObservabilitySettings()
     retention: RetentionSettings = RetentionSettings()
+    io: IoSettings = IoSettings()
     scaleway: ScalewaySettings = ScalewaySettings()
     security_groups: dict[str, SecurityGroup] = {}
     profiles: tuple[Profile, ...] = ()

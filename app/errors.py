@@ -38,6 +38,7 @@ STATUS: dict[str, int] = {
     # app/urls.py: a URL input or webhook address
     "invalid_url": 400,
     "forbidden_url": 400,
+    "name_resolution_timeout": 503,
     # app/jobs: a job's state and its owner's requests
     "job_not_found": 404,
     "job_finished": 409,
@@ -78,6 +79,7 @@ STATUS: dict[str, int] = {
 # Refusals that pass with time: the seconds a client should wait before trying again.
 RETRY_AFTER: dict[str, int] = {
     "broker_unavailable": 5,
+    "name_resolution_timeout": 5,
     "server_busy": 2,
     "sync_capacity_exhausted": 5,
     "storage_unavailable": 10,

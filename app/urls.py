@@ -3,12 +3,21 @@
 A URL must be http(s), carry no credentials, and every address its host resolves to must be
 public. Fetches pin the connection to an address checked here, so a DNS answer that changes
 between the check and the connect (rebinding) cannot reach an internal host.
+
+Name resolution has a deadline: the system resolver (getaddrinfo, which cannot be interrupted)
+runs on a thread of its own, at most `RESOLVER_THREADS` of them per process, and a caller
+waits for its answer (or for a free resolver thread) `RESOLVE_TIMEOUT_SECONDS` at most, then
+is refused `name_resolution_timeout` (503, Retry-After). So a host whose name servers never
+answer holds no request thread past the deadline, and the resolver threads it leaves waiting
+are bounded per process; they end when the system resolver gives up on its own.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import socket
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -31,6 +40,49 @@ class CheckedUrl:
     addresses: tuple[str, ...]
 
 
+# How long a URL check waits for the resolver, and how many resolutions may wait at once in a
+# process (the ones past their deadline included).
+RESOLVE_TIMEOUT_SECONDS = 5.0
+RESOLVER_THREADS = 8
+_resolvers = threading.BoundedSemaphore(RESOLVER_THREADS)
+
+AddrInfo = tuple[Any, Any, Any, Any, Any]
+
+
+def _too_slow(field: str, host: str, seconds: float) -> Refused:
+    return Refused(
+        "name_resolution_timeout",
+        f"{field}: resolving the host {host} took longer than {seconds:g} s; retry later",
+    )
+
+
+def resolve(host: str, port: int, *, field: str = "url") -> list[AddrInfo]:
+    """`socket.getaddrinfo(host, port)` for stream sockets, within the resolve deadline."""
+    seconds = RESOLVE_TIMEOUT_SECONDS
+    deadline = time.monotonic() + seconds
+    threads = _resolvers
+    if not threads.acquire(timeout=seconds):
+        raise _too_slow(field, host, seconds)
+    done = threading.Event()
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["infos"] = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except BaseException as exc:  # handed to the caller, if it still waits
+            outcome["error"] = exc
+        finally:
+            threads.release()
+            done.set()
+
+    threading.Thread(target=run, name="resolve", daemon=True).start()
+    if not done.wait(max(0.0, deadline - time.monotonic())):
+        raise _too_slow(field, host, seconds)
+    if "error" in outcome:
+        raise outcome["error"]
+    return list(outcome["infos"])
+
+
 # IPv6 prefixes that carry an IPv4 address inside: judge them by that address.
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 _IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
@@ -48,7 +100,8 @@ def _is_public(address: str) -> bool:
 
 
 def check_url(url: str, *, field: str = "url", allow_private: bool = False) -> CheckedUrl:
-    """Validate the URL's shape and resolve its host; refuse it (`invalid_url`) with the reason."""
+    """Validate the URL's shape and resolve its host; refuse it (`invalid_url`) with the reason,
+    or `name_resolution_timeout` when the resolver does not answer in time."""
     if not isinstance(url, str) or len(url) > 2048:
         raise Refused("invalid_url", f"{field} must be a string of at most 2048 characters")
     check_text(url, field)  # a NUL or lone surrogate would reach the resolver and the database
@@ -68,7 +121,7 @@ def check_url(url: str, *, field: str = "url", allow_private: bool = False) -> C
         raise Refused("invalid_url", f"{field} has no host")
     port = port or (443 if parts.scheme == "https" else 80)
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        infos = resolve(host, port, field=field)
     except (socket.gaierror, UnicodeError) as exc:
         raise Refused("invalid_url", f"{field}: the host {host} does not resolve") from exc
     addresses = tuple(sorted({str(info[4][0]) for info in infos}))

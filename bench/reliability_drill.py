@@ -3,12 +3,12 @@
     .venv/bin/python bench/reliability_drill.py [--postgres] [--keep]
 
 Starts its own Redis (a throw-away `redis-server` on a free port, so it can be restarted), the
-API under gunicorn, a control worker with beat (reconcile, retention), and lets the reconcile
-start a real CPU worker through the `local` provider. It then sends, in order: good uploads,
-each hostile input a few times, and two faults (SIGKILL the GPU worker mid-job; stop Redis,
-which loses its data, and start it again while clients keep submitting). Clients behave like
-real ones: every submission carries an Idempotency-Key and is retried (at most 3 times) on a
-connection error or a 5xx.
+API under gunicorn, a control worker with beat (reconcile), an I/O worker (retention), and
+lets the reconcile start a real CPU worker through the `local` provider. It then sends, in
+order: good uploads, each hostile input a few times, and two faults (SIGKILL the GPU worker
+mid-job; stop Redis, which loses its data, and start it again while clients keep
+submitting). Clients behave like real ones: every submission carries an Idempotency-Key
+and is retried (at most 3 times) on a connection error or a 5xx.
 
 One row per input or fault:
 - submitted: logical submissions (retries not counted); 202: accepted (last answer);
@@ -240,7 +240,7 @@ class Stack:
         return pids
 
     def stop(self) -> None:
-        for name in ("control", "api"):
+        for name in ("io", "control", "api"):
             proc = self.procs.get(name)
             if proc is not None and proc.poll() is None:
                 proc.terminate()
@@ -314,6 +314,31 @@ def start_stack(database_url: str | None) -> Stack:
         env=env,
         cwd=ROOT,
         stdout=(tmp / "control.log").open("ab"),
+        stderr=subprocess.STDOUT,
+    )
+    # URL fetches, webhooks and retention run on their own queue and worker, as in `make up`.
+    stack.procs["io"] = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tasks",
+            "worker",
+            "-Q",
+            "io",
+            "--pool",
+            "threads",
+            "--concurrency",
+            "4",
+            "--loglevel",
+            "INFO",
+            "-n",
+            f"drill-io-{uuid.uuid4().hex[:6]}@%h",
+        ],
+        env=env,
+        cwd=ROOT,
+        stdout=(tmp / "io.log").open("ab"),
         stderr=subprocess.STDOUT,
     )
     return stack

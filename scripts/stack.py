@@ -1,4 +1,9 @@
-"""The local stack behind `make up` and `make demo`: API, control worker, beat, one process tree.
+"""The local stack behind `make up` and `make demo`: API, control worker, I/O worker, beat, one
+process tree.
+
+The control worker runs the reconcile only; the I/O worker (a thread pool) runs URL fetches,
+webhook deliveries and retention, which wait on peers, so a client's slow server never holds
+the process that dispatches jobs and keeps the fleet (app/celery_config.py).
 
 Workers are not started here: the control plane's reconcile starts them through the `local`
 provider when jobs wait, exactly as it would create cloud instances, and deletes them when idle.
@@ -33,6 +38,10 @@ from app.private_files import private_dir, private_file, tighten, write_private_
 ROOT = Path(__file__).resolve().parent.parent
 VAR = ROOT / "var"
 SECRETS_FILE = VAR / "dev-secrets.env"
+
+# The I/O worker's threads: more than io.fetches + io.webhooks (8 + 8 by default), so slow
+# peers of one kind never take the threads of the other kind, or of retention.
+IO_THREADS = 20
 
 # Generated once per checkout for the local stack, kept in var/ (git-ignored, mode 0600).
 _DEV_SECRETS = (
@@ -270,6 +279,29 @@ def running_stack(env: dict[str, str], echo: tuple[str, ...]) -> Iterator[Stack]
                 "INFO",
                 "-n",
                 "control@%h",
+            ],
+        )
+        # Threads: its tasks wait on sockets, not the CPU; app/jobs/io_slots.py bounds how
+        # many fetches and deliveries run at once, in all and per API token.
+        stack.start(
+            "io",
+            [
+                py,
+                "-m",
+                "celery",
+                "-A",
+                "tasks",
+                "worker",
+                "-Q",
+                "io",
+                "--pool",
+                "threads",
+                "--concurrency",
+                str(IO_THREADS),
+                "--loglevel",
+                "INFO",
+                "-n",
+                "io@%h",
             ],
         )
         # Beat on its own, not embedded (-B): supervised like the rest, and never orphaned.

@@ -1,4 +1,5 @@
-"""Control-queue tasks of the fleet: the beat-driven reconcile."""
+"""Control-queue task of the fleet: the beat-driven reconcile, the only work the control
+worker takes (app/celery_config.py routes everything that waits on a peer to `io`)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Control-queue tasks of the jobs domain: fetching URL inputs (app/jobs/fetch.py) and
-delivering webhooks (app/jobs/delivery.py)."""
+"""I/O-queue tasks of the jobs domain: fetching URL inputs (app/jobs/fetch.py) and
+delivering webhooks (app/jobs/delivery.py). Each holds a slot of its kind while it waits on a
+peer (app/jobs/io_slots.py); one that finds none is retried shortly, never failed."""
 
 from __future__ import annotations
 
@@ -10,16 +11,22 @@ from celery.exceptions import Retry
 
 from app.celery_config import DELIVER_WEBHOOK, FETCH_AUDIO, SWEEP_WEBHOOKS
 from app.jobs import delivery, fetch
+from app.jobs.io_slots import SlotsBusy, busy_countdown
 from tasks import context
 from tasks.celery_app import celery_app
 
 log = logging.getLogger(__name__)
 
 
-@celery_app.task(name=FETCH_AUDIO.name, acks_late=True, ignore_result=True)
-def fetch_audio(job_id: str) -> None:
+@celery_app.task(name=FETCH_AUDIO.name, bind=True, acks_late=True, ignore_result=True)
+def fetch_audio(self: Task, job_id: str) -> None:
     """Download a URL job's audio, store it, then dispatch it; or end the job with why not."""
-    fetch.fetch_audio(context.services(), job_id)
+    try:
+        fetch.fetch_audio(context.services(), context.io_slots(), job_id)
+    except SlotsBusy:
+        # The job stays queued; its fetch waits for a slot (the retry is a new message on
+        # the broker, as durable as this one, which is acknowledged once it is sent).
+        raise self.retry(countdown=busy_countdown(self.request.retries), max_retries=None) from None
 
 
 @celery_app.task(name=DELIVER_WEBHOOK.name, bind=True, acks_late=True, ignore_result=True)
@@ -30,10 +37,17 @@ def deliver_webhook(self: Task, job_id: str) -> None:
     Redis lose that retry, the sweep makes the attempt instead (the claim lets only one send).
     """
     svc = context.services()
-    settled = delivery.attempt_webhook(svc.settings, svc.db, job_id, svc.clock)
-    if settled is None or settled.next_at is None:
-        return
-    countdown = max(0.0, (settled.next_at - svc.clock()).total_seconds())
+    try:
+        settled = delivery.attempt_webhook(
+            svc.settings, svc.db, job_id, svc.clock, context.io_slots()
+        )
+    except SlotsBusy:
+        # No attempt was claimed: the webhook stays due, for this retry or the sweep.
+        countdown = busy_countdown(self.request.retries)
+    else:
+        if settled is None or settled.next_at is None:
+            return
+        countdown = max(0.0, (settled.next_at - svc.clock()).total_seconds())
     try:
         raise self.retry(countdown=countdown, max_retries=None)
     except Retry:
@@ -46,4 +60,4 @@ def deliver_webhook(self: Task, job_id: str) -> None:
 def sweep_webhooks() -> int:
     """Beat: attempt every due webhook, from the database's state (whatever Redis lost)."""
     svc = context.services()
-    return delivery.deliver_due(svc.settings, svc.db, svc.clock)
+    return delivery.deliver_due(svc.settings, svc.db, svc.clock, context.io_slots())

@@ -1,4 +1,4 @@
-"""Control-queue task of data retention: beat runs it every `retention.sweep_interval_seconds`."""
+"""I/O-queue task of data retention: beat runs it every `retention.sweep_interval_seconds`."""
 
 from __future__ import annotations
 

@@ -374,7 +374,7 @@ def start_worker(live_api: LiveApi, tmp_path: Path) -> Iterator[Callable[..., tu
 
 @pytest.fixture()
 def control_worker(live_api: LiveApi, tmp_path: Path) -> Iterator[Proc]:
-    """A real Celery worker on the `control` queue (URL fetches, webhooks)."""
+    """A real Celery worker on the `control` queue (the reconcile)."""
     proc = start_process(
         [
             sys.executable,
@@ -397,6 +397,40 @@ def control_worker(live_api: LiveApi, tmp_path: Path) -> Iterator[Proc]:
         tmp_path / "control.log",
     )
     wait_for(lambda: "ready" in proc.output(), 60, "the control worker to start")
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture()
+def io_worker(live_api: LiveApi, tmp_path: Path) -> Iterator[Proc]:
+    """A real Celery worker on the `io` queue (URL fetches, webhooks, retention), with the
+    thread pool production runs it with (scripts/stack.py, docker/compose.yaml)."""
+    proc = start_process(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tasks",
+            "worker",
+            "-Q",
+            "io",
+            "--pool",
+            "threads",
+            "--concurrency",
+            "4",
+            "--loglevel",
+            "INFO",
+            "--without-heartbeat",
+            "--without-gossip",
+            "--without-mingle",
+            "-n",
+            "io@%h",
+        ],
+        live_api.env,
+        tmp_path / "io.log",
+    )
+    wait_for(lambda: "ready" in proc.output(), 60, "the I/O worker to start")
     yield proc
     proc.stop()
 

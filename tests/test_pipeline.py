@@ -242,7 +242,7 @@ class _Receiver(BaseHTTPRequestHandler):
 
 
 def test_webhook_is_signed_and_retried(
-    live_api: LiveApi, start_worker: Any, control_worker: Any
+    live_api: LiveApi, start_worker: Any, io_worker: Any
 ) -> None:
     _Receiver.received = []
     _Receiver.fail_first = 1  # the first delivery fails: the second, after back-off, lands
@@ -297,7 +297,7 @@ class _AudioServer(BaseHTTPRequestHandler):
         pass
 
 
-def test_url_jobs(live_api: LiveApi, start_worker: Any, control_worker: Any) -> None:
+def test_url_jobs(live_api: LiveApi, start_worker: Any, io_worker: Any) -> None:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _AudioServer)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     base = f"http://127.0.0.1:{server.server_address[1]}"

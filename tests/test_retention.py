@@ -1,7 +1,7 @@
 """Retention: ended jobs lose their audio after `retention.audio_seconds`; owners purge jobs.
 
 Runs on SQLite and PostgreSQL. The sweep is driven directly, and once through a real Celery
-control worker (the task beat schedules); purges go through the HTTP API.
+I/O worker (the task beat schedules); purges go through the HTTP API.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import requests
 from celery import Celery
 from sqlalchemy import select, update
 
-from app.celery_config import celery_config, make_celery
+from app.celery_config import SWEEP_RETENTION, celery_config, make_celery
 from app.config import Settings, load_settings
 from app.db import Database
 from app.jobs.retention import sweep_expired_audio
@@ -258,11 +258,12 @@ def test_beat_schedules_the_retention_sweep(settings: Settings) -> None:
     entry = celery_config(settings)["beat_schedule"]["retention"]
     assert entry["task"] == "murmur.control.sweep_retention"
     assert entry["schedule"] == settings.retention.sweep_interval_seconds
+    assert entry["options"]["queue"] == "io"  # file and store I/O never delays the reconcile
 
 
 @pytest.mark.slow
-def test_the_control_worker_runs_the_sweep(live_api: LiveApi, control_worker: Proc) -> None:
-    """The scheduled task, through the broker, on a real control worker."""
+def test_the_io_worker_runs_the_sweep(live_api: LiveApi, io_worker: Proc) -> None:
+    """The scheduled task, through the broker, on a real I/O worker."""
     response = requests.post(
         f"{live_api.url}/v1/jobs",
         files={"file": ("a.wav", SPEECH)},
@@ -275,9 +276,9 @@ def test_the_control_worker_runs_the_sweep(live_api: LiveApi, control_worker: Pr
     end(live_api.db, job_id, JobStatus.SUCCEEDED, live_api.settings.retention.audio_seconds + 5)
     celery: Celery = make_celery(live_api.settings)
     try:
-        celery.send_task("murmur.control.sweep_retention", queue="control")
+        SWEEP_RETENTION.send(celery)  # on the queue beat sends it to: `io`
         try:
-            wait_for(lambda: not audio.exists(), 90, "the control worker to delete the audio")
+            wait_for(lambda: not audio.exists(), 90, "the I/O worker to delete the audio")
             # The file goes first, then the row forgets it (a crash between leaves a key the
             # next sweep clears, never an unreferenced file): wait for the row too.
             wait_for(
@@ -286,7 +287,7 @@ def test_the_control_worker_runs_the_sweep(live_api: LiveApi, control_worker: Pr
                 "the row to forget its audio",
             )
         except AssertionError as exc:
-            raise AssertionError(f"{exc}; control worker:\n{control_worker.output()[-3000:]}")
+            raise AssertionError(f"{exc}; I/O worker:\n{io_worker.output()[-3000:]}")
     finally:
         celery.close()
 

@@ -126,6 +126,7 @@ def _argv_of(pid: int) -> list[str]:
 def test_no_secret_or_transcript_outside_its_place(
     live_api: LiveApi,
     control_worker: Proc,
+    io_worker: Proc,
     loopback: tuple[str, list[tuple[dict[str, str], bytes]]],
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
@@ -279,13 +280,14 @@ def test_no_secret_or_transcript_outside_its_place(
         records = list(state_dir.glob("local-*.json"))
         assert records, "the reconcile started no local worker"
         worker_pids = [int(json.loads(p.read_text())["pid"]) for p in records]
-        argv = _argv_of(control_worker.popen.pid)
+        argv = _argv_of(control_worker.popen.pid) + _argv_of(io_worker.popen.pid)
         for pid in worker_pids:
             argv += _argv_of(pid)
         argv += _argv_of(psutil.Process().pid)
         assert any("gpu_worker" in line for line in argv), argv
         sinks: dict[str, str] = {
             "control worker log": control_worker.output(),
+            "I/O worker log": io_worker.output(),
             "/metrics": metrics.text,
             "/v1/fleet": fleet.text,
             "/readyz": readyz.text,

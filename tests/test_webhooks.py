@@ -24,6 +24,7 @@ from app.credentials import InstanceCredential
 from app.db import Database
 from app.jobs import service, webhooks
 from app.jobs.delivery import deliver_due
+from app.jobs.io_slots import IoSlots
 from app.models import Job, WorkerState, utcnow
 from app.services import utc_clock
 from tasks.celery_app import celery_app
@@ -78,6 +79,11 @@ def loopback_settings(settings: Settings) -> Settings:
     )
 
 
+@pytest.fixture()
+def slots(settings: Settings, clean_redis: redis.Redis) -> IoSlots:
+    return IoSlots(clean_redis, settings.io)
+
+
 def finished_job(db: Database, hook: str) -> str:
     """A job that ended (failed, here) with a webhook whose announce never happened."""
     job, _ = service.insert_job(
@@ -122,14 +128,14 @@ def test_an_attempt_is_claimed_once_and_a_dead_deliverers_is_taken_over(db: Data
 
 
 def test_a_receiver_that_always_fails_ends_failed(
-    db: Database, loopback_settings: Settings
+    db: Database, loopback_settings: Settings, slots: IoSlots
 ) -> None:
     receiver = Receiver(always=500)
     try:
         job_id = finished_job(db, receiver.url)
         clock = Clock()
         for _ in range(webhooks.MAX_ATTEMPTS + 3):  # bounded: a few sweeps past the window
-            deliver_due(loopback_settings, db, clock)
+            deliver_due(loopback_settings, db, clock, slots)
             clock.now += timedelta(minutes=2)  # past any back-off
     finally:
         receiver.close()
@@ -140,19 +146,21 @@ def test_a_receiver_that_always_fails_ends_failed(
     assert receiver.delivered == []
 
 
-def test_a_failed_attempt_waits_for_its_back_off(db: Database, loopback_settings: Settings) -> None:
+def test_a_failed_attempt_waits_for_its_back_off(
+    db: Database, loopback_settings: Settings, slots: IoSlots
+) -> None:
     receiver = Receiver(statuses=[503])
     try:
         job_id = finished_job(db, receiver.url)
         clock = Clock()
-        assert deliver_due(loopback_settings, db, clock) == 1
+        assert deliver_due(loopback_settings, db, clock, slots) == 1
         assert row(db, job_id).webhook_status == "retrying"
         clock.now += webhooks.backoff(1) - timedelta(seconds=1)
-        assert deliver_due(loopback_settings, db, clock) == 0  # not yet
+        assert deliver_due(loopback_settings, db, clock, slots) == 0  # not yet
         clock.now += timedelta(seconds=1)
-        assert deliver_due(loopback_settings, db, clock) == 1
+        assert deliver_due(loopback_settings, db, clock, slots) == 1
         clock.now += timedelta(minutes=5)
-        assert deliver_due(loopback_settings, db, clock) == 0  # delivered: never again
+        assert deliver_due(loopback_settings, db, clock, slots) == 0  # delivered: never again
     finally:
         receiver.close()
     assert len(receiver.posts) == 2 and len(receiver.delivered) == 1
@@ -164,7 +172,7 @@ def test_the_beat_runs_the_webhook_sweep(settings: Settings) -> None:
     sweeps = [e for e in schedule.values() if e["task"] == "murmur.control.sweep_webhooks"]
     assert len(sweeps) == 1
     assert sweeps[0]["schedule"] <= settings.fleet.reconcile_interval_seconds
-    assert sweeps[0]["options"]["queue"] == "control"
+    assert sweeps[0]["options"]["queue"] == "io"  # beside fetches, never before the reconcile
     assert celery_app.tasks["murmur.control.sweep_webhooks"].name == sweep_webhooks.name
 
 
@@ -186,7 +194,7 @@ def receiver() -> Iterator[Receiver]:
 
 @pytest.mark.slow
 def test_a_webhook_announced_while_the_broker_was_down_arrives_exactly_once(
-    live_api: LiveApi, control_worker: Any, receiver: Receiver, tmp_path: Path
+    live_api: LiveApi, io_worker: Any, receiver: Receiver, tmp_path: Path
 ) -> None:
     worker = add_worker(live_api.db, state=WorkerState.READY)
     response = requests.post(

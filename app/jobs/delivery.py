@@ -4,6 +4,10 @@ Webhook delivery state lives in the database (app/jobs/webhooks.py): a task queu
 ends makes the first attempt at once and retries itself after each back-off, and the beat's
 sweep attempts every webhook that is due, so a lost task, a lost retry or a broker that lost
 its data delays a webhook by one sweep, never loses it.
+
+Each attempt holds a webhook slot (app/jobs/io_slots.py), taken before the attempt is claimed:
+with none free the task raises `SlotsBusy` and tries again shortly, and the sweep leaves that
+webhook due for a later round; either way no attempt is counted.
 """
 
 from __future__ import annotations
@@ -16,12 +20,14 @@ import time
 from typing import Any
 
 import requests
+from sqlalchemy import select
 
 from app.config import Settings
 from app.db import Database
 from app.deadline import exchange_deadline
 from app.errors import Refused
 from app.jobs import service, webhooks
+from app.jobs.io_slots import IoSlots, SlotsBusy
 from app.models import Job, WebhookStatus
 from app.services import Clock
 from app.urls import check_url, pinned_session
@@ -56,6 +62,7 @@ def deliver_due(
     settings: Settings,
     db: Database,
     clock: Clock,
+    slots: IoSlots,
     *,
     limit: int = SWEEP_LIMIT,
     budget_seconds: float = SWEEP_BUDGET_SECONDS,
@@ -70,21 +77,32 @@ def deliver_due(
     for job_id in webhooks.due_webhooks(db, clock(), limit):
         if time.monotonic() - started > budget_seconds:
             break
-        if attempt_webhook(settings, db, job_id, clock) is not None:
+        try:
+            settled = attempt_webhook(settings, db, job_id, clock, slots)
+        except SlotsBusy:
+            continue  # still due: a later sweep, or its own task, makes the attempt
+        if settled is not None:
             made += 1
     return made
 
 
 def attempt_webhook(
-    settings: Settings, db: Database, job_id: str, clock: Clock
+    settings: Settings, db: Database, job_id: str, clock: Clock, slots: IoSlots
 ) -> webhooks.Settled | None:
-    """Claim, send and settle one attempt; the webhook's new state, or None if none was made."""
-    attempt = webhooks.claim_attempt(db, job_id, clock())
-    if attempt is None:
-        return None  # not due: delivered, failed, waiting for its back-off, or being sent
-    job = service.get_job(db, job_id)
-    ok, reason = _send_webhook(settings, job, int(clock().timestamp()))
-    settled = webhooks.settle_attempt(db, job_id, attempt, ok, clock())
+    """Claim, send and settle one attempt; the webhook's new state, or None if none was made.
+    `SlotsBusy` when the job's token, or all tokens, have as many attempts running as allowed:
+    nothing is claimed then."""
+    with db.reader() as s:
+        owner = s.execute(select(Job.owner).where(Job.id == job_id)).scalar_one_or_none()
+    if owner is None:
+        return None  # purged meanwhile
+    with slots.held(slots.webhooks, owner):
+        attempt = webhooks.claim_attempt(db, job_id, clock())
+        if attempt is None:
+            return None  # not due: delivered, failed, waiting for its back-off, or being sent
+        job = service.get_job(db, job_id)
+        ok, reason = _send_webhook(settings, job, int(clock().timestamp()))
+        settled = webhooks.settle_attempt(db, job_id, attempt, ok, clock())
     if settled is not None and settled.status is WebhookStatus.FAILED:
         log.warning("webhook for %s gave up after %d tries (%s)", job_id, attempt, reason)
     return settled

@@ -2,7 +2,9 @@
 
 A URL job is queued without audio; this is its only path forward, so every way it can go wrong
 ends the job with a reason (`url_fetch_failed`, `url_too_large`, `url_not_audio`, ...), and a
-redelivery after success or a cancellation meanwhile does nothing.
+redelivery after success or a cancellation meanwhile does nothing. The exchange with the URL's
+server holds a fetch slot (app/jobs/io_slots.py): with none free it raises `SlotsBusy` before
+anything is fetched, and its task tries again later.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from app.db import rows_changed
 from app.deadline import exchange_deadline
 from app.errors import Refused
 from app.jobs import service
+from app.jobs.io_slots import IoSlots, SlotsBusy
 from app.models import Job, JobStatus
 from app.services import Services
 from app.urls import check_url, pinned_session
@@ -31,8 +34,11 @@ FETCH_TIMEOUT = (5.0, 30.0)  # connect, read (each socket read)
 FETCH_DEADLINE_SECONDS = 300
 
 
-def fetch_audio(svc: Services, job_id: str) -> None:
-    """Download a URL job's audio (SSRF-checked, size-capped), store it, then dispatch it."""
+def fetch_audio(svc: Services, slots: IoSlots, job_id: str) -> None:
+    """Download a URL job's audio (SSRF-checked, size-capped), store it, then dispatch it.
+
+    Raises `SlotsBusy` (having done nothing) when the job's token, or all tokens together,
+    already have as many fetches running as `io` allows."""
     settings, db, store = svc.settings, svc.db, svc.storage
     job = service.get_job(db, job_id)
     if job.status != JobStatus.QUEUED.value or job.audio_key is not None or not job.source_url:
@@ -41,22 +47,16 @@ def fetch_audio(svc: Services, job_id: str) -> None:
     staged = store.staging_path()
     limit = settings.api.max_upload_bytes
     try:
-        checked = check_url(job.source_url, allow_private=settings.api.allow_private_urls)
-        with (
-            pinned_session(checked) as http,
-            exchange_deadline(http, FETCH_DEADLINE_SECONDS) as deadline,
-        ):
-            try:
-                size = _download(http, checked.url, staged, limit)
-            except Exception:
-                if deadline.fired:
-                    raise _too_slow() from None
-                raise
-            if deadline.fired:  # a response without a length just looks as if it ended
-                raise _too_slow()
+        with slots.held(slots.fetches, job.owner):
+            size = _fetch(job.source_url, staged, limit, settings.api.allow_private_urls)
         info = probe_audio(staged, settings.api.max_audio_seconds)
+    except SlotsBusy:
+        staged.unlink(missing_ok=True)
+        raise
     except Refused as err:
         staged.unlink(missing_ok=True)
+        if err.code == "name_resolution_timeout":
+            err = Refused("url_fetch_failed", err.message)
         code = "url_not_audio" if err.code in ("invalid_audio", "empty_file") else err.code
         message = err.message if code != "url_not_audio" else f"the URL's content: {err.message}"
         fail(code, message)
@@ -90,6 +90,24 @@ def fetch_audio(svc: Services, job_id: str) -> None:
         store.delete(key)
         return
     service.try_dispatch_now(db, settings, svc.celery, job_id, now=svc.clock())
+
+
+def _fetch(url: str, staged: Path, limit: int, allow_private: bool) -> int:
+    """Check the URL, then download it into `staged` within the deadline; its size."""
+    checked = check_url(url, allow_private=allow_private)
+    with (
+        pinned_session(checked) as http,
+        exchange_deadline(http, FETCH_DEADLINE_SECONDS) as deadline,
+    ):
+        try:
+            size = _download(http, checked.url, staged, limit)
+        except Exception:
+            if deadline.fired:
+                raise _too_slow() from None
+            raise
+        if deadline.fired:  # a response without a length just looks as if it ended
+            raise _too_slow()
+    return size
 
 
 def _too_slow() -> Refused:

@@ -69,7 +69,7 @@ def echo(text):
     with open(out, "a") as f:
         f.write(text + "\\n")
 
-app.Worker(hostname="control@test", pool_cls="solo", concurrency=1, queues=["control"],
+app.Worker(hostname="control@test", pool_cls="solo", concurrency=1, queues=["control", "io"],
            loglevel="INFO", without_mingle=True, without_gossip=True).start()
 """
 
@@ -289,7 +289,12 @@ def test_the_control_plane_works_over_tls_with_ca_verification(
     producer = make_celery(settings)
     try:
         producer.send_task("murmur.control.echo", args=["over tls"], queue="control")
-        _wait(lambda: out.exists() and out.read_text() == "over tls\n", 60, "the task to run")
+        producer.send_task("murmur.control.echo", args=["on io"], queue="io")  # the I/O worker's
+        _wait(
+            lambda: out.exists() and sorted(out.read_text().splitlines()) == ["on io", "over tls"],
+            60,
+            "both tasks to run",
+        )
         _wait(lambda: not admin.hlen("unacked"), 10, "the message to be acknowledged")
         # Remote control is off (a broker shared with workers must not carry shutdown/revoke).
         assert not producer.control.inspect(timeout=2).ping()

@@ -571,8 +571,8 @@ def test_every_command_of_the_operations_guide(stack: Stack) -> None:  # noqa: P
 
     old_webhook = _read(s / "webhook_secret")
     walk.step(r"openssl rand -hex 32 > secrets/webhook_secret")
-    walk.step(r"docker compose restart control-worker api")
-    secret = stack.settings("control-worker").reveal("webhook_secret")
+    walk.step(r"docker compose restart io-worker api")
+    secret = stack.settings("io-worker").reveal("webhook_secret")
     assert secret == _read(s / "webhook_secret") != old_webhook
     assert sign_webhook(secret, 1, b"{}") != sign_webhook(old_webhook, 1, b"{}")
 
@@ -599,9 +599,9 @@ def test_every_command_of_the_operations_guide(stack: Stack) -> None:  # noqa: P
     assert new_password in _read(s / "redis_url") and new_password in _read(
         s / "celery_exporter.env"
     )
-    walk.step(r"docker compose restart api control-worker beat flower")
+    walk.step(r"docker compose restart api control-worker io-worker beat flower")
     assert _status(stack, "/v1/jobs", new_token) == 200
-    for service in ("api", "control-worker", "beat", "flower"):
+    for service in ("api", "control-worker", "io-worker", "beat", "flower"):
         client = redis_client(stack.settings(service), socket_timeout=5)
         assert client.ping()
         client.close()
