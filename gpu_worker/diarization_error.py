@@ -53,18 +53,15 @@ def _best_mapping(
     shared: dict[tuple[str, str], int], hyp: list[str], ref: list[str]
 ) -> dict[str, str]:
     """Hypothesis label -> reference label, one to one, maximising the frames they share."""
-    if (
-        min(len(hyp), len(ref)) <= _EXHAUSTIVE_UP_TO
-        and max(len(hyp), len(ref)) <= _EXHAUSTIVE_UP_TO
-    ):
+    if max(len(hyp), len(ref)) <= _EXHAUSTIVE_UP_TO:
         best: tuple[int, dict[str, str]] = (-1, {})
         short, long_ = (hyp, ref) if len(hyp) <= len(ref) else (ref, hyp)
         for chosen in itertools.permutations(long_, len(short)):
             pairs = dict(zip(short, chosen, strict=True))
-            mapping = pairs if short is hyp else {h: r for r, h in pairs.items()}
-            score = sum(shared.get((h, r), 0) for h, r in mapping.items())
+            candidate = pairs if short is hyp else {h: r for r, h in pairs.items()}
+            score = sum(shared.get((h, r), 0) for h, r in candidate.items())
             if score > best[0]:
-                best = (score, mapping)
+                best = (score, candidate)
         return best[1]
     mapping: dict[str, str] = {}
     for (h, r), _ in sorted(shared.items(), key=lambda item: -item[1]):
