@@ -158,3 +158,59 @@ def test_readiness_refuses_an_unknown_weight_set():
     with pytest.raises(PreflightError) as refused:
         run_preflight(_environ("pyannote-3.1"), require_identity=False)
     assert "MURMUR_DIARIZATION" in "\n".join(refused.value.problems)
+
+
+# A whole job: claim -> download -> transcribe -> diarize -> result
+
+
+def test_a_diarize_job_posts_a_transcript_with_speakers(diarizer, tiny_en_dir, tmp_path):
+    import io
+    import wave
+
+    from pydantic import SecretStr
+
+    from gpu_worker.client import ControlPlaneClient
+    from gpu_worker.jobs import JobContext, Outcome, process_job
+    from gpu_worker.state import WorkerState
+    from gpu_worker.transcriber import FasterWhisperTranscriber
+    from tests.worker.conftest import CPU_ENV, FakeControlPlane
+
+    # The first two turns (one of each voice; the second ends at 9.79 s, the third starts at
+    # 10.49 s) keep the job short.
+    with wave.open(str(FIXTURES / "two-voices.wav"), "rb") as source:
+        frames = source.readframes(16000 * 101 // 10)
+    clip = io.BytesIO()
+    with wave.open(clip, "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(16000)
+        out.writeframes(frames)
+
+    plane = FakeControlPlane(CPU_ENV["MURMUR_WORKER_TOKEN"])
+    plane.start()
+    try:
+        plane.add_job("job_1", clip.getvalue(), diarize=True, max_speakers=2, word_timestamps=True)
+        client = ControlPlaneClient(
+            plane.url, "wrk_test1", "local-0001", SecretStr(plane.token), sleep=lambda _: None
+        )
+        transcriber = FasterWhisperTranscriber(tiny_en_dir, compute_type="int8", cpu_threads=1)
+        context = JobContext(
+            client=client, transcriber=transcriber, state=WorkerState(), diarizer=diarizer
+        )
+
+        assert process_job("job_1", context) is Outcome.SUCCEEDED
+    finally:
+        plane.stop()
+
+    transcript = plane.results["job_1"]["transcript"]
+    assert transcript["speakers"] == ["SPEAKER_00", "SPEAKER_01"]
+    segments = transcript["segments"]
+    assert segments and all(s["speaker"] in transcript["speakers"] for s in segments)
+    assert segments[0]["speaker"] == "SPEAKER_00", segments
+    assert segments[-1]["speaker"] == "SPEAKER_01", segments
+    words = [w for s in segments for w in s["words"]]
+    assert words and all(w["speaker"] in transcript["speakers"] for w in words)
+    # Words only one voice says ("the" is said by both): the first voice's, then the second's.
+    said = {w["word"].strip(" .,?").lower(): w["speaker"] for w in words}
+    assert [said.get(w) for w in ("morning", "schedule", "week")] == ["SPEAKER_00"] * 3, said
+    assert [said.get(w) for w in ("trucks", "warehouse", "monday")] == ["SPEAKER_01"] * 3, said
