@@ -109,9 +109,11 @@ class RuntimeProfile(BaseModel):
 
     @property
     def torch_on_cuda(self) -> bool:
-        """Whether PyTorch (pyannote VAD or wav2vec2 alignment) runs on the GPU."""
-        # WhisperX runs pyannote VAD on the ASR device (docs/runtime.md, "Backend and VAD").
-        return (self.vad == "pyannote" and self.device == "cuda") or self.alignment_device == "cuda"
+        """Whether PyTorch (pyannote VAD, wav2vec2 alignment, diarization) runs on the GPU."""
+        # WhisperX runs pyannote VAD on the ASR device (docs/runtime.md, "Backend and VAD"),
+        # and the diarization stage runs there too (gpu_worker/transcriber.py, load_diarizer).
+        on_device = self.vad == "pyannote" or self.diarization is not None
+        return (on_device and self.device == "cuda") or self.alignment_device == "cuda"
 
 
 def load_runtime_profile(
