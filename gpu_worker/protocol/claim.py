@@ -10,7 +10,12 @@ Invariants:
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
+
+# The most speakers a job may ask for (min_speakers / max_speakers, 1-20).
+MAX_SPEAKERS = 20
 
 # The longest audio accepted when nothing else says (4 h).
 DEFAULT_MAX_AUDIO_SECONDS = 4 * 3600.0
@@ -25,6 +30,11 @@ class ClaimedJob(BaseModel):
     language: str | None = None
     prompt: str | None = None
     word_timestamps: bool = False
+    task: Literal["transcribe", "translate"] = "transcribe"
+    # Speaker diarization (gpu_worker/diarization.py): only sent to profiles that diarize.
+    diarize: bool = False
+    min_speakers: int | None = Field(default=None, ge=1, le=MAX_SPEAKERS)
+    max_speakers: int | None = Field(default=None, ge=1, le=MAX_SPEAKERS)
     # Signed, expiring and bound to this claim (docs/worker-protocol.md).
     audio_url: str
     duration_seconds: float | None = None

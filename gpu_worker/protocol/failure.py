@@ -27,6 +27,7 @@ FailureCode = Literal[
     "audio_decode_failed",
     "unsupported_language",
     "transcription_failed",
+    "diarization_failed",  # the diarization stage failed, or this worker cannot diarize
     "worker_error",  # anything else that went wrong on the worker
     "cancelled",
 ]

@@ -94,6 +94,8 @@ class ReadinessRuntime(_Report):
     vad: str | None = None
     alignment_device: str | None = None
     batch_size: int | None = None
+    # The diarization weight set loaded and verified (its files are in `assets`); None: none.
+    diarization: str | None = None
     # The GPU's CUDA capability, checked against the profile's compute type.
     cuda_capability: Capability | None = None
     # Diagnostics, never compared.

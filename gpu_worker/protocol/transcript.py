@@ -19,6 +19,10 @@ Invariants:
 - Text holds no NUL and no lone surrogate (`StorableText`): PostgreSQL refuses both.
 - Fields an older worker may not send have defaults; `to_json()` sends exactly the fields
   the worker set, and `words` only when word timestamps ran.
+- Speaker labels (`speaker` on segments and words, `speakers` on the transcript) are set only
+  when the job asked for diarization and the worker ran it; they read `SPEAKER_00`,
+  `SPEAKER_01`, ... numbered by first appearance (gpu_worker/speakers.py). Absent otherwise,
+  so a transcript without diarization keeps its shape.
 - The result body's envelope (`ResultBody`) is strict (`extra="forbid"`): its two fields are
   the whole envelope; only the transcript inside it tolerates a newer worker's fields.
 """
@@ -60,6 +64,12 @@ def measured(value: float | None) -> float | None:
     return float(value)
 
 
+# A diarization label as the worker numbers it (gpu_worker/speakers.py, `speaker_label`).
+SpeakerLabel = Annotated[str, Field(pattern=r"^SPEAKER_[0-9]{2,3}$")]
+# More speakers than any clustering finds in practice; the list only has to be bounded.
+MAX_SPEAKERS_LISTED = 100
+
+
 class _Wire(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore", allow_inf_nan=False)
 
@@ -69,6 +79,7 @@ class Word(_Wire):
     start: Seconds
     end: Seconds
     probability: Probability | None = None
+    speaker: SpeakerLabel | None = None
 
 
 class Segment(_Wire):
@@ -85,6 +96,7 @@ class Segment(_Wire):
     compression_ratio: Statistic | None = None
     temperature: Statistic | None = None
     words: list[Word] | None = None
+    speaker: SpeakerLabel | None = None
 
 
 class Transcript(_Wire):
@@ -92,6 +104,8 @@ class Transcript(_Wire):
     language: str | None = Field(default=None, max_length=16, pattern=r"^[A-Za-z_-]*$")
     duration: Seconds = 0.0
     segments: list[Segment]
+    # The speakers the segments name, in label order; set only when diarization ran.
+    speakers: list[SpeakerLabel] | None = Field(default=None, max_length=MAX_SPEAKERS_LISTED)
 
     def to_json(self) -> dict[str, Any]:
         """The result body's `transcript`: the fields the worker set; `words` only when set."""

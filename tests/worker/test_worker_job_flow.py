@@ -173,3 +173,22 @@ def test_a_control_plane_outage_on_result_propagates_for_a_retry(
 
     with pytest.raises(ControlPlaneUnavailable):
         process_job("job_1", context_for(control_plane, transcriber, attempts=2))
+
+
+def test_a_diarize_job_on_a_worker_without_diarization_fails_with_a_reason(
+    control_plane, transcriber, fixtures_dir
+):
+    # Routing keeps such jobs away; one that still lands here must not come back without
+    # speakers as if it had been diarized.
+    control_plane.add_job(
+        "job_1", (fixtures_dir / "speech-short.wav").read_bytes(), diarize=True, max_speakers=2
+    )
+
+    outcome = process_job("job_1", context_for(control_plane, transcriber))
+
+    assert outcome is Outcome.FAILED
+    assert control_plane.results == {}
+    assert control_plane.failures["job_1"] == {
+        "code": "diarization_failed",
+        "message": "this worker's profile does not diarize",
+    }
