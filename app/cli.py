@@ -15,7 +15,8 @@ import click
 import requests
 from tqdm import tqdm
 
-from app.config import ConfigError, check_settings, credential_problems, load_settings
+from app.cli_errors import one_line_errors
+from app.config import ROLES, ConfigError, StartupRefused, check_settings, load_settings
 from app.models import FINISHED_STATES, JobStatus
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -36,10 +37,12 @@ def main() -> None:
 )
 @click.option(
     "--role",
-    type=click.Choice(["control", "worker"]),
+    type=click.Choice(ROLES),
     default="control",
     show_default=True,
-    help="Which secrets must be present.",
+    help="Which process's checks: control (the control worker: everything, provider keys "
+    "included), api or beat (everything but the provider keys), worker (profiles only). "
+    "Each process refuses to start on its role's problems.",
 )
 def validate_config(config_path: str | None, role: str) -> None:
     """Check the configuration and list every problem; exit 1 if there is any."""
@@ -65,6 +68,7 @@ def db() -> None:
 
 @db.command("upgrade")
 @click.argument("revision", default="head")
+@one_line_errors
 def db_upgrade(revision: str) -> None:
     """Apply Alembic migrations to the configured database."""
     from app.migrate import upgrade
@@ -82,14 +86,15 @@ def db_upgrade(revision: str) -> None:
     show_default=True,
     help="threads per process, besides the api.sync_max_waiting ones for synchronous requests",
 )
+@one_line_errors
 def api(workers: int, threads: int) -> None:
     """Serve the API under gunicorn on MURMUR_HOST:MURMUR_PORT."""
     settings = load_settings()
-    problems = credential_problems(settings)
-    if problems:  # a short or shared token must stop the API, not weaken it
-        click.echo(f"cannot start the API: {len(problems)} problem(s):", err=True)
-        for problem in problems:
-            click.echo(f"  - {problem}", err=True)
+    # What `validate-config --role api` refuses (a short or shared token, a scaleway profile
+    # without a pinned worker image...) stops the API here, not at the first job.
+    problems = check_settings(settings, role="api")
+    if problems:
+        click.echo(str(StartupRefused("API", problems, "api")), err=True)
         sys.exit(1)
     from app.server import gunicorn_args
 
@@ -177,6 +182,7 @@ class _MultipartUpload:
     default=None,
     help="Progress bars on stderr (default: when stderr is a terminal).",
 )
+@one_line_errors
 def submit(
     file: Path,
     wait: bool,
@@ -254,6 +260,7 @@ def _wait(
 @main.command("jobs")
 @click.option("--status", default=None, help="Only jobs in this state.")
 @click.option("--limit", default=20, show_default=True)
+@one_line_errors
 def jobs(status: str | None, limit: int) -> None:
     """List your most recent jobs."""
     url, headers = _client()
