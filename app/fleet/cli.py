@@ -112,7 +112,7 @@ def fleet_command(as_json: bool) -> None:
     client = redis_client(settings, socket_timeout=5, socket_connect_timeout=5)
     problem = broker_problem(settings, client)
     try:
-        view = fleet_overview(settings, db, client, utc_clock())
+        view = fleet_overview(settings, db, None if problem else client, utc_clock())
     finally:
         db.dispose()
     click.echo(json.dumps(view, indent=2) if as_json else render(view))

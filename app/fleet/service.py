@@ -81,8 +81,10 @@ def queue_depths(client: redis.Redis, names: list[str]) -> dict[str, int | None]
 
 
 def fleet_overview(
-    settings: Settings, db: Database, client: redis.Redis, now: datetime
+    settings: Settings, db: Database, client: redis.Redis | None, now: datetime
 ) -> dict[str, Any]:
+    """The fleet as `/v1/fleet` shows it. `client` None: the broker is known to be out of
+    reach, so what only Redis holds (queues, the plan, report ages) is unknown (None)."""
     names = [p.name for p in settings.profiles]
     with db.reader() as s:
         learned = {r.name: r for r in s.scalars(select(ProfileState))}
@@ -109,12 +111,17 @@ def fleet_overview(
     jobs: dict[str, dict[str, int]] = {}
     for profile, status, count in job_rows:
         jobs.setdefault(profile or "", {})[status] = int(count)
-    depths = queue_depths(client, names)
     # Reports are recorded in Redis only (app/observability/store.py), never on the row.
     from app.observability.store import last_reports
 
-    reported = last_reports(client, [w.id for w in workers])
-    plan = read_plan(client)
+    if client is None:
+        depths: dict[str, int | None] = dict.fromkeys(names)
+        reported: dict[str, datetime] = {}
+        plan = None
+    else:
+        depths = queue_depths(client, names)
+        reported = last_reports(client, [w.id for w in workers])
+        plan = read_plan(client)
     planned: dict[str, Any] = (plan or {}).get("profiles", {})
 
     profiles = [
