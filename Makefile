@@ -55,10 +55,13 @@ lint: install
 	$(VENV)/bin/ruff format --check app tasks gpu_worker scripts
 	$(VENV)/bin/mypy
 
-## flower: Celery's web UI on 127.0.0.1:5555, basic auth from MURMUR_FLOWER_AUTH (user:password)
+## flower: Celery's web UI on $(FLOWER_ADDRESS):$(FLOWER_PORT), basic auth from
+## MURMUR_FLOWER_AUTH (user:password); keep it on a loopback address (its /metrics is open)
+FLOWER_ADDRESS ?= 127.0.0.1
+FLOWER_PORT    ?= 5555
 flower: install
 	@test -n "$$MURMUR_FLOWER_AUTH" || { echo "set MURMUR_FLOWER_AUTH=user:password" >&2; exit 1; }
-	FLOWER_BASIC_AUTH="$$MURMUR_FLOWER_AUTH" $(VENV)/bin/celery -A tasks flower --address=127.0.0.1 --port=5555
+	FLOWER_BASIC_AUTH="$$MURMUR_FLOWER_AUTH" $(VENV)/bin/celery -A tasks flower --address=$(FLOWER_ADDRESS) --port=$(FLOWER_PORT)
 
 bench: install
 	$(PY) bench/pipeline_overhead.py
