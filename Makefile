@@ -4,7 +4,7 @@ PYTHON  ?= python3
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed-stamp
 
-.PHONY: install demo up test test-whisperx lint flower bench clean
+.PHONY: install demo up test check test-whisperx lint flower bench clean
 
 $(STAMP): requirements/control.txt requirements/worker.txt requirements/dev.txt setup.cfg pyproject.toml
 	@test -x $(VENV)/bin/pip || $(PYTHON) -m venv --clear $(VENV)
@@ -43,6 +43,13 @@ TEST_WORKERS ?= 2
 test: install
 	$(PY) -m pytest -n $(TEST_WORKERS) -m "not serial"
 	$(PY) -m pytest -m serial
+
+## check: the edit-test loop: lint, then the tests that need no subprocess stack and no real
+## model (`-m "not slow"`; what is slow is decided in tests/conftest.py, "test tiers"), on
+## TEST_WORKERS processes (the wall-clock-bound `serial` tests stay in `make test`, the full
+## suite CI runs).
+check: lint
+	MURMUR_TEST_TIER=quick $(PY) -m pytest -n $(TEST_WORKERS) -q -m "not slow and not serial"
 
 ## test-whisperx: the real-library tier (tests/whisperx: WhisperX, pyannote, Silero on the CPU,
 ## offline) in its own venv; it fails if whisperx is missing or no test ran
