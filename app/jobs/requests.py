@@ -366,7 +366,9 @@ def refuse_unknown(model: type[BaseModel], names: Iterable[Any]) -> None:
         listed = ", ".join(sorted(str(name) for name in unknown))
         label = getattr(model, "unknown_names", "field(s)")
         named = sorted(str(name) for name in unknown if isinstance(name, str))
-        raise Refused("unknown_field", f"unknown {label}: {listed}", param=(named or [None])[0])
+        raise Refused(
+            "unknown_field", f"unknown {label}: {listed}", param=named[0] if named else None
+        )
 
 
 def form_values(model: type[BaseModel], form: Mapping[Any, list[str]]) -> dict[Any, Any]:
