@@ -445,15 +445,28 @@ def _stack_program(args: Any) -> str | None:
     return name if program == sys.executable or name.startswith(_SPAWNERS) else None
 
 
-@pytest.fixture(autouse=True)
-def _quick_tier_guard(request: pytest.FixtureRequest) -> Iterator[None]:
-    if os.environ.get("MURMUR_TEST_TIER") != "quick":
+_in_a_test = threading.Event()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    _in_a_test.set()  # a test's setup, call and teardown (module fixtures included)
+    try:
         yield
+    finally:
+        _in_a_test.clear()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # For the whole process, so a module- or session-scoped fixture that starts a process is
+    # caught as well (its tests are skipped with the note); only while a test runs, so
+    # pytest-xdist can still start its workers.
+    if os.environ.get("MURMUR_TEST_TIER") != "quick":
         return
     real_init = subprocess.Popen.__init__
 
     def guarded(self: subprocess.Popen[Any], args: Any, *rest: Any, **kw: Any) -> None:
-        program = _stack_program(args)
+        program = _stack_program(args) if _in_a_test.is_set() else None
         if program is not None:
             pytest.skip(
                 f"starts a process ({program}): it belongs to the slow tier (`make test`); "
@@ -462,7 +475,3 @@ def _quick_tier_guard(request: pytest.FixtureRequest) -> Iterator[None]:
         real_init(self, args, *rest, **kw)
 
     subprocess.Popen.__init__ = guarded  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        subprocess.Popen.__init__ = real_init  # type: ignore[method-assign]
