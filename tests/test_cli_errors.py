@@ -3,6 +3,12 @@ and a non-zero exit, never a traceback or a silent `-`."""
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import ssl
+import subprocess
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -95,13 +101,50 @@ def test_fleet_warns_and_fails_when_nothing_listens_on_the_broker(tmp_path: Path
     assert "brokerpw" not in result.output
 
 
-def test_fleet_warns_when_the_brokers_certificate_is_not_trusted(tmp_path: Path) -> None:
-    # A TLS client against the test Redis (plain TCP): the handshake fails, as with a wrong CA.
-    tls = REDIS_URL.replace("redis://", "rediss://", 1)
-    env = _env(tmp_path, MURMUR_REDIS_URL=tls)
+@pytest.fixture()
+def untrusted_tls_port(tmp_path: Path) -> Iterator[int]:
+    """A TLS server on 127.0.0.1 whose self-signed certificate no configured CA signed."""
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            with conn, contextlib.suppress(OSError):
+                conn.settimeout(5)
+                context.wrap_socket(conn, server_side=True).close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield int(listener.getsockname()[1])
+    finally:
+        stop.set()
+        thread.join(5)
+        listener.close()
+
+
+def test_fleet_warns_when_the_brokers_certificate_is_not_trusted(
+    tmp_path: Path, untrusted_tls_port: int
+) -> None:
+    env = _env(tmp_path, MURMUR_REDIS_URL=f"rediss://127.0.0.1:{untrusted_tls_port}/0")
     upgrade(env["MURMUR_DATABASE_URL"])
     result = CliRunner().invoke(main, ["fleet"], env=env)
     assert result.exit_code == 1
-    assert _one_line_error(result.stderr).startswith(
-        "warning: cannot reach the broker at rediss://"
+    line = _one_line_error(result.stderr)
+    assert line.startswith(
+        f"warning: cannot reach the broker at rediss://127.0.0.1:{untrusted_tls_port}"
     )
+    assert "CERTIFICATE_VERIFY_FAILED" in line or "certificate verify failed" in line
