@@ -4,7 +4,7 @@ PYTHON  ?= python3
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed-stamp
 
-.PHONY: install demo up test test-whisperx lint flower bench clean
+.PHONY: install demo up test check test-whisperx lint flower bench clean
 
 $(STAMP): requirements/control.txt requirements/worker.txt requirements/dev.txt setup.cfg pyproject.toml
 	@test -x $(VENV)/bin/pip || $(PYTHON) -m venv --clear $(VENV)
@@ -45,6 +45,13 @@ test: install
 	$(PY) -m pytest -n $(TEST_WORKERS) -m "not serial"
 	$(PY) -m pytest -m serial
 
+## check: the edit-test loop: lint, then the tests that need no subprocess stack and no real
+## model (`-m "not slow"`; what is slow is decided in tests/conftest.py, "test tiers"), on
+## TEST_WORKERS processes (the wall-clock-bound `serial` tests stay in `make test`, the full
+## suite CI runs).
+check: lint
+	MURMUR_TEST_TIER=quick $(PY) -m pytest -n $(TEST_WORKERS) -q -m "not slow and not serial"
+
 ## test-whisperx: the real-library tier (tests/whisperx: WhisperX, pyannote, Silero on the CPU,
 ## offline) in its own venv; it fails if whisperx is missing or no test ran
 test-whisperx: $(WX_STAMP)
@@ -56,10 +63,13 @@ lint: install
 	$(VENV)/bin/ruff format --check app tasks gpu_worker scripts
 	$(VENV)/bin/mypy
 
-## flower: Celery's web UI on 127.0.0.1:5555, basic auth from MURMUR_FLOWER_AUTH (user:password)
+## flower: Celery's web UI on $(FLOWER_ADDRESS):$(FLOWER_PORT), basic auth from
+## MURMUR_FLOWER_AUTH (user:password); keep it on a loopback address (its /metrics is open)
+FLOWER_ADDRESS ?= 127.0.0.1
+FLOWER_PORT    ?= 5555
 flower: install
 	@test -n "$$MURMUR_FLOWER_AUTH" || { echo "set MURMUR_FLOWER_AUTH=user:password" >&2; exit 1; }
-	FLOWER_BASIC_AUTH="$$MURMUR_FLOWER_AUTH" $(VENV)/bin/celery -A tasks flower --address=127.0.0.1 --port=5555
+	FLOWER_BASIC_AUTH="$$MURMUR_FLOWER_AUTH" $(VENV)/bin/celery -A tasks flower --address=$(FLOWER_ADDRESS) --port=$(FLOWER_PORT)
 
 bench: install
 	$(PY) bench/pipeline_overhead.py

@@ -15,11 +15,13 @@ import click
 import requests
 from tqdm import tqdm
 
+from app.cli_errors import one_line_errors
 from app.config import (
+    ROLES,
     ConfigError,
     Settings,
+    StartupRefused,
     check_settings,
-    credential_problems,
     load_settings,
     storage_problems,
 )
@@ -43,10 +45,12 @@ def main() -> None:
 )
 @click.option(
     "--role",
-    type=click.Choice(["control", "worker"]),
+    type=click.Choice(ROLES),
     default="control",
     show_default=True,
-    help="Which secrets must be present.",
+    help="Which process's checks: control (the control worker: everything, provider keys "
+    "included), api or beat (everything but the provider keys), worker (profiles only). "
+    "Each process refuses to start on its role's problems.",
 )
 def validate_config(config_path: str | None, role: str) -> None:
     """Check the configuration and list every problem; exit 1 if there is any."""
@@ -56,7 +60,7 @@ def validate_config(config_path: str | None, role: str) -> None:
         problems = exc.problems
     else:
         problems = check_settings(settings, role=role)
-        if role == "control" and not storage_problems(settings):
+        if role in ("control", "api") and not storage_problems(settings):
             problems += _store_problems(settings)
     if problems:
         click.echo(f"configuration has {len(problems)} problem(s):", err=True)
@@ -84,6 +88,7 @@ def db() -> None:
 
 @db.command("upgrade")
 @click.argument("revision", default="head")
+@one_line_errors
 def db_upgrade(revision: str) -> None:
     """Apply Alembic migrations to the configured database."""
     from app.migrate import upgrade
@@ -101,17 +106,18 @@ def db_upgrade(revision: str) -> None:
     show_default=True,
     help="threads per process, besides the api.sync_max_waiting ones for synchronous requests",
 )
+@one_line_errors
 def api(workers: int, threads: int) -> None:
     """Serve the API under gunicorn on MURMUR_HOST:MURMUR_PORT."""
     settings = load_settings()
-    problems = credential_problems(settings) + storage_problems(settings)
+    # What `validate-config --role api` refuses (a short or shared token, a scaleway profile
+    # without a pinned worker image...) stops the API here, not at the first job; so do wrong
+    # S3 credentials or a missing bucket.
+    problems = check_settings(settings, role="api")
     if not problems:
-        # Wrong S3 credentials or a missing bucket stop the API here, not at the first upload.
         problems = _store_problems(settings)
-    if problems:  # a short or shared token must stop the API, not weaken it
-        click.echo(f"cannot start the API: {len(problems)} problem(s):", err=True)
-        for problem in problems:
-            click.echo(f"  - {problem}", err=True)
+    if problems:
+        click.echo(str(StartupRefused("API", problems, "api")), err=True)
         sys.exit(1)
     from app.server import gunicorn_args
 
@@ -199,6 +205,7 @@ class _MultipartUpload:
     default=None,
     help="Progress bars on stderr (default: when stderr is a terminal).",
 )
+@one_line_errors
 def submit(
     file: Path,
     wait: bool,
@@ -276,6 +283,7 @@ def _wait(
 @main.command("jobs")
 @click.option("--status", default=None, help="Only jobs in this state.")
 @click.option("--limit", default=20, show_default=True)
+@one_line_errors
 def jobs(status: str | None, limit: int) -> None:
     """List your most recent jobs."""
     url, headers = _client()

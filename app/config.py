@@ -580,8 +580,41 @@ def _credentials(settings: Settings) -> dict[str, set[str]]:
     }
 
 
+# What each process checks at start, as `murmur validate-config --role` does: `control` is
+# the control worker (it alone holds the provider keys and creates servers); `api` and
+# `beat` use everything else of the control plane's configuration; `worker` is a GPU
+# worker's view (profiles only).
+ROLES = ("control", "api", "beat", "worker")
+_CONTROL_PLANE_ROLES = ("control", "api", "beat")
+
+
+class StartupRefused(ConfigError):
+    """A process refusing to start on the problems `murmur validate-config` reports for it."""
+
+    def __init__(self, process: str, problems: list[str], role: str = "control") -> None:
+        super().__init__(problems)
+        self.process = process
+        self.role = role
+
+    def __str__(self) -> str:
+        return (
+            f"cannot start the {self.process}: {len(self.problems)} configuration problem(s) "
+            f"(`murmur validate-config --role {self.role}` lists the same):\n  - "
+            + "\n  - ".join(self.problems)
+        )
+
+
+def refuse_bad_settings(settings: Settings, *, process: str, role: str) -> None:
+    """Raise `StartupRefused` if `check_settings(settings, role=role)` finds any problem."""
+    problems = check_settings(settings, role=role)
+    if problems:
+        raise StartupRefused(process, problems, role)
+
+
 def check_settings(settings: Settings, *, role: str = "control") -> list[str]:
     """Every problem that stops this configuration from running safely (empty = fine)."""
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}")
     problems: list[str] = []
     if not settings.enabled_profiles:
         problems.append("profiles: no enabled profile: jobs would have nowhere to run")
@@ -650,14 +683,15 @@ def check_settings(settings: Settings, *, role: str = "control") -> list[str]:
                     f"{where}.security_group: {p.security_group!r} lives in zone {sg.zone}, "
                     f"not in the profile's zone {p.zone}"
                 )
-    if role == "control":
+    if role in _CONTROL_PLANE_ROLES:
         problems += credential_problems(settings)
         problems += storage_problems(settings)
         if any(p.provider == "scaleway" and p.enabled for p in settings.profiles):
             problems += _remote_worker_problems(settings)
-            for name in ("scaleway_access_key", "scaleway_secret_key"):
-                if not settings.reveal(name):
-                    problems.append(f"{_SECRET_ENV[name]}: required by the scaleway profiles")
+            if role == "control":  # only the control worker holds the provider's keys
+                for name in ("scaleway_access_key", "scaleway_secret_key"):
+                    if not settings.reveal(name):
+                        problems.append(f"{_SECRET_ENV[name]}: required by the scaleway profiles")
             if not settings.scaleway.project_id:
                 problems.append("scaleway.project_id: required by the scaleway profiles")
     return problems

@@ -1,11 +1,15 @@
-"""One JSON error shape for every rejected request: {"error": {"code": ..., "message": ...}}."""
+"""One JSON error shape for every rejected request: {"error": {"code": ..., "message": ...}}.
+
+On the OpenAI-compatible paths (`is_openai_path`) the same object also carries OpenAI's
+ErrorResponse fields, `type` and `param`, so OpenAI's SDKs see `error.type` and `error.param`.
+"""
 
 from __future__ import annotations
 
 import logging
 from typing import Any
 
-from flask import Flask, Response, jsonify, request
+from flask import Flask, Response, has_request_context, jsonify, request
 from werkzeug.exceptions import HTTPException
 from werkzeug.wsgi import LimitedStream
 
@@ -17,11 +21,20 @@ class Refused(Exception):
     client. It says nothing of HTTP: a request that meets one answers `STATUS[code]`, and a
     task that meets one records the code on its job."""
 
-    def __init__(self, code: str, message: str, *, extra: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        *,
+        extra: dict[str, Any] | None = None,
+        param: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.extra = extra or {}
+        # The request field the refusal is about (OpenAI's `param`), when one is.
+        self.param = param
 
     @property
     def status(self) -> int:
@@ -98,8 +111,9 @@ class ApiError(Refused):
         *,
         extra: dict[str, Any] | None = None,
         headers: dict[str, str] | None = None,
+        param: str | None = None,
     ) -> None:
-        super().__init__(code, message, extra=extra)
+        super().__init__(code, message, extra=extra, param=param)
         self._status = status
         self.headers = headers or {}
 
@@ -108,10 +122,51 @@ class ApiError(Refused):
         return self._status
 
 
+# The request field a code is about, when the code says (OpenAI's `param`); a refusal may name
+# its own (`Refused.param`), which wins.
+PARAM: dict[str, str] = {
+    "invalid_audio": "file",
+    "empty_file": "file",
+    "missing_file": "file",
+    "audio_too_long": "file",
+    "audio_too_complex": "file",
+    "payload_too_large": "file",
+    "invalid_language": "language",
+    "unsupported_language": "language",
+    "invalid_response_format": "response_format",
+}
+
+
+def is_openai_path(path: str) -> bool:
+    """Whether `path` is of the OpenAI-compatible surface, whose errors also carry OpenAI's
+    ErrorResponse fields. A property of the prefix: a new endpoint under it inherits it."""
+    return path.startswith("/v1/audio/") or path == "/v1/models" or path.startswith("/v1/models/")
+
+
+def openai_error_type(status: int) -> str:
+    """OpenAI's error `type` for an HTTP status (what its SDKs expose as `error.type`)."""
+    if status == 401:
+        return "authentication_error"
+    if status == 403:
+        return "permission_error"
+    if status == 429:
+        return "rate_limit_error"
+    if status >= 500:
+        return "server_error"
+    return "invalid_request_error"
+
+
 def error_response(
-    status: int, code: str, message: str, extra: dict[str, Any] | None = None
+    status: int,
+    code: str,
+    message: str,
+    extra: dict[str, Any] | None = None,
+    param: str | None = None,
 ) -> Response:
     body: dict[str, Any] = {"code": code, "message": message}
+    if has_request_context() and is_openai_path(request.path):
+        body["type"] = openai_error_type(status)
+        body["param"] = param or PARAM.get(code)
     body.update(extra or {})
     response = jsonify({"error": body})
     response.status_code = status
@@ -178,7 +233,7 @@ def _caused_by_slow_body(err: BaseException) -> bool:
 def register_error_handlers(app: Flask) -> None:
     @app.errorhandler(Refused)
     def _refused(err: Refused) -> Response:
-        response = error_response(err.status, err.code, err.message, err.extra)
+        response = error_response(err.status, err.code, err.message, err.extra, err.param)
         if err.code in RETRY_AFTER:
             response.headers["Retry-After"] = str(RETRY_AFTER[err.code])
         response.headers.update(getattr(err, "headers", {}))

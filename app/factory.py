@@ -6,8 +6,15 @@ import logging
 
 from celery import Celery
 from flask import Flask, Response
+from gunicorn.errors import AppImportError
 
-from app.config import Settings, load_settings, scrape_token_problem
+from app.config import (
+    Settings,
+    StartupRefused,
+    check_settings,
+    load_settings,
+    scrape_token_problem,
+)
 from app.db import Database
 from app.errors import register_error_handlers
 from app.inputs import check_request_text
@@ -19,6 +26,11 @@ log = logging.getLogger(__name__)
 
 # Room for multipart framing and form fields around a file of the maximum size.
 _MULTIPART_OVERHEAD = 64 * 1024
+
+
+class ApiStartupRefused(StartupRefused, AppImportError):  # type: ignore[misc]
+    """The API's refusal to start. As an `AppImportError`, gunicorn prints only its message
+    and stops (exit 4) instead of logging a traceback and booting workers again."""
 
 
 class _Api(Flask):
@@ -37,7 +49,14 @@ def create_app(
     celery: Celery | None = None,
     clock: Clock = utc_clock,
 ) -> Flask:
-    settings = settings or load_settings()
+    if settings is None:
+        # A process's own start (`gunicorn 'app:create_app()'`, `murmur api`): it refuses the
+        # configuration `murmur validate-config --role api` refuses, before serving anything.
+        # A caller that passes its settings (tests, tools) has chosen them.
+        settings = load_settings()
+        problems = check_settings(settings, role="api")
+        if problems:
+            raise ApiStartupRefused("API", problems, "api")
     app = _Api("murmur", static_folder=None)
     # `//v1//jobs` is 404 JSON, not Werkzeug's HTML 308 redirect to the merged path.
     app.url_map.merge_slashes = False

@@ -335,6 +335,18 @@ def openapi_document() -> dict[str, Any]:
                             "properties": {
                                 "code": {"type": "string"},
                                 "message": {"type": "string"},
+                                # On /v1/audio/* and /v1/models*: OpenAI's ErrorResponse.
+                                "type": {
+                                    "type": "string",
+                                    "description": "OpenAI-compatible paths only, e.g. "
+                                    "invalid_request_error, authentication_error, server_error",
+                                },
+                                "param": {
+                                    "type": "string",
+                                    "nullable": True,
+                                    "description": "OpenAI-compatible paths only: the request "
+                                    "field the error is about, or null",
+                                },
                             },
                         }
                     },
@@ -398,6 +410,18 @@ def openapi_document() -> dict[str, Any]:
                             "properties": {
                                 "code": {"type": "string"},
                                 "message": {"type": "string"},
+                                # On /v1/audio/* and /v1/models*: OpenAI's ErrorResponse.
+                                "type": {
+                                    "type": "string",
+                                    "description": "OpenAI-compatible paths only, e.g. "
+                                    "invalid_request_error, authentication_error, server_error",
+                                },
+                                "param": {
+                                    "type": "string",
+                                    "nullable": True,
+                                    "description": "OpenAI-compatible paths only: the request "
+                                    "field the error is about, or null",
+                                },
                             },
                         },
                         "links": {

@@ -89,10 +89,16 @@ def api_token_notice(env: Mapping[str, str], environ: Mapping[str, str], url: st
     and CI logs keep it); a generated one is shown, with where it is kept.
     """
     if supplied_by_operator("MURMUR_API_TOKEN", environ):
+        # A shell expression for the first token, from where the operator put it (the
+        # variable wins over the file, as in the settings), so the hint runs as printed.
+        if environ.get("MURMUR_API_TOKEN"):
+            source, first = "MURMUR_API_TOKEN", "${MURMUR_API_TOKEN%%,*}"
+        else:
+            source = "MURMUR_API_TOKEN_FILE"
+            first = "$(tr -d ' \\r\\n' < \"$MURMUR_API_TOKEN_FILE\" | cut -d, -f1)"
         return [
-            "API token: the one you supplied (MURMUR_API_TOKEN or MURMUR_API_TOKEN_FILE)",
-            f'  curl -H "Authorization: Bearer $MURMUR_API_TOKEN" '
-            f"-F file=@samples/welcome.wav {url}/v1/jobs",
+            f"API token: the one you supplied ({source})",
+            f'  curl -H "Authorization: Bearer {first}" -F file=@samples/welcome.wav {url}/v1/jobs',
         ]
     token = env["MURMUR_API_TOKEN"].split(",")[0]
     where = SECRETS_FILE.relative_to(ROOT) if SECRETS_FILE.is_relative_to(ROOT) else SECRETS_FILE

@@ -3,9 +3,43 @@
 
 from __future__ import annotations
 
-from app.celery_config import make_celery
-from app.config import load_settings
+import sys
+from typing import Any
+
+from celery import signals
+
+from app.celery_config import CONTROL_QUEUE, make_celery
+from app.config import StartupRefused, load_settings, refuse_bad_settings
 
 celery_app = make_celery(load_settings())
 # Task modules register themselves on import; the worker imports them at start.
 celery_app.conf.include = ["tasks.jobs", "tasks.control", "tasks.retention"]
+
+
+def _refuse(process: str, role: str) -> None:
+    """Stop this process with one message if its configuration has what validate-config
+    refuses for its role: better now than at the first job a misconfigured fleet strands."""
+    try:
+        refuse_bad_settings(load_settings(), process=process, role=role)
+    except StartupRefused as exc:
+        print(exc, file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+
+
+@signals.celeryd_after_setup.connect
+def _check_worker_settings(sender: Any = None, instance: Any = None, **kwargs: Any) -> None:
+    # The queues are known here (after -Q): the control worker alone creates servers and
+    # holds the provider keys; any other worker of this app is checked like the API.
+    if instance is None or instance.app is not celery_app:
+        return  # another Celery app's worker in a process that imported this one
+    queues = set(instance.app.amqp.queues.consume_from or ())
+    if CONTROL_QUEUE in queues:
+        _refuse("control worker", "control")
+    else:
+        _refuse("Celery worker", "api")
+
+
+@signals.beat_init.connect
+def _check_beat_settings(sender: Any = None, **kwargs: Any) -> None:
+    if getattr(sender, "app", celery_app) is celery_app:
+        _refuse("beat", "beat")

@@ -456,3 +456,75 @@ def s3_env(s3_server: Any) -> dict[str, str]:
     bucket = f"murmur-{uuid.uuid4().hex[:16]}"
     s3_server.make_bucket(bucket)
     return dict(s3_server.env(bucket))
+# --- test tiers ------------------------------------------------------------------------------
+# `make check` is the edit-test loop: `-m "not slow"`, no subprocess stack, no real model.
+# A test is `slow` when it asks for a fixture below (directly or through another fixture), lives
+# in a directory below, or says so itself; new tests fall in the right tier without a list.
+# With MURMUR_TEST_TIER=quick (set by `make check`), a test that was not marked and still
+# starts a Python process (a Celery worker, gunicorn, the stack, a GPU worker) is skipped with
+# a note to mark it: it still runs in `make test`, and the quick tier stays quick.
+SLOW_FIXTURES = frozenset(
+    {
+        "control_worker",  # a Celery worker process
+        "io_worker",  # the I/O Celery worker process
+        "s3_server",  # the S3-compatible server process (moto)
+        "start_worker",  # a GPU worker process, with the real model
+        "ha",  # Redis primary, replica and Sentinels (tests/deploy)
+        "tiny_en_dir",  # the real Whisper model's files (tests/worker)
+    }
+)
+SLOW_DIRECTORIES = frozenset({"deploy", "whisperx"})
+_TESTS = Path(__file__).resolve().parent
+_SPAWNERS = ("celery", "gunicorn", "murmur", "redis-server", "redis-sentinel")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        try:
+            top = Path(item.path).resolve().relative_to(_TESTS).parts[0]
+        except ValueError:
+            top = ""
+        if top in SLOW_DIRECTORIES or SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
+def _stack_program(args: Any) -> str | None:
+    """The program's name if `args` starts a process of the stack (Python, Celery...)."""
+    argv = [args] if isinstance(args, str | bytes | os.PathLike) else list(args or [])
+    if not argv:
+        return None
+    program = os.fsdecode(argv[0])
+    name = os.path.basename(program)
+    return name if program == sys.executable or name.startswith(_SPAWNERS) else None
+
+
+_in_a_test = threading.Event()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    _in_a_test.set()  # a test's setup, call and teardown (module fixtures included)
+    try:
+        yield
+    finally:
+        _in_a_test.clear()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # For the whole process, so a module- or session-scoped fixture that starts a process is
+    # caught as well (its tests are skipped with the note); only while a test runs, so
+    # pytest-xdist can still start its workers.
+    if os.environ.get("MURMUR_TEST_TIER") != "quick":
+        return
+    real_init = subprocess.Popen.__init__
+
+    def guarded(self: subprocess.Popen[Any], args: Any, *rest: Any, **kw: Any) -> None:
+        program = _stack_program(args) if _in_a_test.is_set() else None
+        if program is not None:
+            pytest.skip(
+                f"starts a process ({program}): it belongs to the slow tier (`make test`); "
+                "mark it @pytest.mark.slow"
+            )
+        real_init(self, args, *rest, **kw)
+
+    subprocess.Popen.__init__ = guarded  # type: ignore[method-assign]

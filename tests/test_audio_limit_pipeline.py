@@ -59,6 +59,9 @@ def test_the_worker_enforces_the_limit_and_the_sync_client_gets_a_4xx(
     assert response.json()["error"] == {
         "code": "audio_too_long",
         "message": "the audio lasts more than 60 s; the limit is 60 s",
+        # OpenAI's ErrorResponse fields, as on every error of the OpenAI endpoints
+        "type": "invalid_request_error",
+        "param": "file",
         "job_id": job_id,
     }
     job = api_get(live_api, f"/v1/jobs/{job_id}").json()

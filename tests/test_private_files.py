@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import os
 import stat
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -149,18 +150,24 @@ def test_make_up_never_prints_a_token_the_operator_supplied(
     dev_var: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, how: str
 ) -> None:
     supplied = "operator-token-" + "z" * 32
+    # Two tokens, as MURMUR_API_TOKEN allows: the hint uses the first.
     if how == "value":
-        monkeypatch.setenv("MURMUR_API_TOKEN", supplied)
+        monkeypatch.setenv("MURMUR_API_TOKEN", f"{supplied},second-" + "y" * 32)
     else:
         token_file = tmp_path / "token"
-        token_file.write_text(supplied)
+        token_file.write_text(f"{supplied}, second-{'y' * 32}\n")
         monkeypatch.setenv("MURMUR_API_TOKEN_FILE", str(token_file))
     env = stack.dev_environment()
     lines = stack.api_token_notice(env, os.environ, "http://127.0.0.1:8000")
     printed = "\n".join(lines)
     assert supplied not in printed
     assert "the one you supplied" in printed
-    assert "$MURMUR_API_TOKEN" in printed
+    # The curl hint works as printed, in the operator's shell, wherever the token came from.
+    header = lines[1].split('-H "', 1)[1].split('" -F', 1)[0]
+    shown = subprocess.run(
+        ["bash", "-c", f'printf %s "{header}"'], env=os.environ, capture_output=True, text=True
+    )
+    assert shown.stdout == f"Authorization: Bearer {supplied}", shown.stderr
     # Nothing was generated for it either.
     secrets_file = dev_var / "dev-secrets.env"
     assert "MURMUR_API_TOKEN=" not in (secrets_file.read_text() if secrets_file.exists() else "")

@@ -14,11 +14,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import click
+import redis
 
 from app.broker import redis_client
-from app.config import ConfigError, check_settings, load_settings
+from app.cli_errors import broker_where, one_line, one_line_errors
+from app.config import ConfigError, Settings, check_settings, load_settings
 from app.db import Database
 from app.fleet.service import fleet_overview
 from app.services import utc_clock
@@ -66,7 +69,7 @@ def render(view: dict[str, Any]) -> str:
         lines += ["", "held back:"] + [f"  - {reason}" for reason in plan["held_back"]]
     lines += [
         "",
-        f"{'WORKER':<38} {'PROFILE':<14} {'STATE':<9} {'AGE':>6} {'REPORT':>6}  "
+        f"{'WORKER':<38} {'PROFILE':<14} {'STATE':<9} {'AGE':>6} {'REPORT':>6} {'SEEN':>6}  "
         "TIMINGS (s after request)",
     ]
     for w in view["workers"]:
@@ -74,29 +77,51 @@ def render(view: dict[str, Any]) -> str:
         note = f"  [{w['delete_reason']}]" if w["delete_reason"] else ""
         lines.append(
             f"{w['id']:<38} {w['profile']:<14} {w['state']:<9} {_age(w['age_seconds']):>6} "
-            f"{_age(w['last_report_age_seconds']):>6}  {timings or '-'}{note}"
+            f"{_age(w['last_report_age_seconds']):>6} {_age(w.get('last_seen_age_seconds')):>6}  "
+            f"{timings or '-'}{note}"
         )
     if not view["workers"]:
         lines.append("(no workers)")
     return "\n".join(lines)
 
 
+def broker_problem(settings: Settings, client: redis.Redis) -> str | None:
+    """Why the broker cannot be read (refused, wrong CA, timeout...), or None: one line."""
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        where = broker_where(settings.redis_url, settings.redis.sentinels)
+        secrets = tuple(p for p in (urlsplit(settings.redis_url).password,) if p)
+        return f"cannot reach the broker at {where}: {one_line(exc, secrets)}"
+    return None
+
+
 @click.command("fleet")
 @click.option("--json", "as_json", is_flag=True, help="Print the same JSON as GET /v1/fleet.")
+@one_line_errors
 def fleet_command(as_json: bool) -> None:
-    """Show profiles (back-off, workers, queue, costs, last error) and workers (lifecycle)."""
-    try:
-        settings = load_settings()
-    except ConfigError as exc:
-        click.echo("configuration problems:\n  - " + "\n  - ".join(exc.problems), err=True)
-        sys.exit(1)
+    """Show profiles (back-off, workers, queue, costs, last error) and workers (lifecycle).
+
+    Reads the database and the broker (Redis) of the configuration (MURMUR_CONFIG and the
+    MURMUR_* variables), not the API. When the broker cannot be reached it still prints
+    what the database holds, warns on stderr and exits 1: queue depths, the plan and report
+    ages are then unknown (`-`).
+    """
+    settings = load_settings()
     db = Database(settings.database_url)
     client = redis_client(settings, socket_timeout=5, socket_connect_timeout=5)
+    problem = broker_problem(settings, client)
     try:
-        view = fleet_overview(settings, db, client, utc_clock())
+        view = fleet_overview(settings, db, None if problem else client, utc_clock())
     finally:
         db.dispose()
     click.echo(json.dumps(view, indent=2) if as_json else render(view))
+    if problem is not None:
+        click.echo(
+            f"warning: {problem}; queue depths, the plan and report ages are unknown (-)",
+            err=True,
+        )
+        sys.exit(1)
 
 
 # The bundled sample (a checkout of the repository; the control image has no samples/).
@@ -125,6 +150,7 @@ SMOKE_AUDIO = Path(__file__).resolve().parents[2] / "samples" / "welcome.wav"
     default=None,
     help="Audio to transcribe (default: samples/welcome.wav).",
 )
+@one_line_errors
 def smoke_command(
     names: tuple[str, ...], timeout: float, max_eur: float, audio: Path | None
 ) -> None:

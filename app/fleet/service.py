@@ -81,8 +81,10 @@ def queue_depths(client: redis.Redis, names: list[str]) -> dict[str, int | None]
 
 
 def fleet_overview(
-    settings: Settings, db: Database, client: redis.Redis, now: datetime
+    settings: Settings, db: Database, client: redis.Redis | None, now: datetime
 ) -> dict[str, Any]:
+    """The fleet as `/v1/fleet` shows it. `client` None: the broker is known to be out of
+    reach, so what only Redis holds (queues, the plan, report ages) is unknown (None)."""
     names = [p.name for p in settings.profiles]
     with db.reader() as s:
         learned = {r.name: r for r in s.scalars(select(ProfileState))}
@@ -109,8 +111,17 @@ def fleet_overview(
     jobs: dict[str, dict[str, int]] = {}
     for profile, status, count in job_rows:
         jobs.setdefault(profile or "", {})[status] = int(count)
-    depths = queue_depths(client, names)
-    plan = read_plan(client)
+    # Reports are recorded in Redis only (app/observability/store.py), never on the row.
+    from app.observability.store import last_reports
+
+    if client is None:
+        depths: dict[str, int | None] = dict.fromkeys(names)
+        reported: dict[str, datetime] = {}
+        plan = None
+    else:
+        depths = queue_depths(client, names)
+        reported = last_reports(client, [w.id for w in workers])
+        plan = read_plan(client)
     planned: dict[str, Any] = (plan or {}).get("profiles", {})
 
     profiles = [
@@ -139,7 +150,7 @@ def fleet_overview(
             else None
         ),
         "profiles": profiles,
-        "workers": [_worker(w, now) for w in workers],
+        "workers": [_worker(w, reported.get(w.id), now) for w in workers],
     }
 
 
@@ -188,8 +199,11 @@ def _profile(
     }
 
 
-def _worker(w: Worker, now: datetime) -> dict[str, Any]:
+def _worker(w: Worker, last_report: datetime | None, now: datetime) -> dict[str, Any]:
     end = w.deleted_at or now
+    seen = as_utc(w.last_seen_at)
+    if last_report is not None and (seen is None or last_report > seen):
+        seen = last_report
     return {
         "id": w.id,
         "profile": w.profile,
@@ -197,7 +211,11 @@ def _worker(w: Worker, now: datetime) -> dict[str, Any]:
         "instance_id": w.instance_id,
         "state": w.state,
         "age_seconds": _seconds(w.requested_at, end),
-        "last_report_age_seconds": _seconds(w.last_seen_at, now),
+        # The latest accepted usage report (None: none, or observability is off) ...
+        "last_report_age_seconds": _seconds(last_report, now),
+        # ... and the latest sign of life of any kind (report, heartbeat, claim, result):
+        # what the fleet's dead-worker rule reads (app/fleet/snapshot.py).
+        "last_seen_age_seconds": _seconds(seen, now),
         "current_job_id": w.current_job_id,
         "jobs_done": w.jobs_done,
         "hourly_cost_eur": w.hourly_cost_eur,

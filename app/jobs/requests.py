@@ -159,7 +159,7 @@ def _free_text(value: Any, info: ValidationInfo) -> Any:
     if isinstance(value, str) and _in_turn(info):
         problem = text_problem(value, free_text=True)
         if problem is not None:
-            raise Refused("invalid_text", f"{info.field_name} {problem}")
+            raise Refused("invalid_text", f"{info.field_name} {problem}", param=info.field_name)
     return value
 
 
@@ -365,7 +365,10 @@ def refuse_unknown(model: type[BaseModel], names: Iterable[Any]) -> None:
         # A form part whose name could not be read is keyed None: name it, do not sort on it.
         listed = ", ".join(sorted(str(name) for name in unknown))
         label = getattr(model, "unknown_names", "field(s)")
-        raise Refused("unknown_field", f"unknown {label}: {listed}")
+        named = sorted(str(name) for name in unknown if isinstance(name, str))
+        raise Refused(
+            "unknown_field", f"unknown {label}: {listed}", param=named[0] if named else None
+        )
 
 
 def list_fields(model: type[BaseModel]) -> set[str]:
@@ -394,9 +397,12 @@ def parse(model: type[M], data: Mapping[Any, Any], known: Deployment | None = No
 
 def _refusal(model: type[BaseModel], error: ErrorDetails) -> Refused:
     where = error["loc"][0] if error["loc"] else ""
+    param = where if isinstance(where, str) and where else None
     for name, field in model.model_fields.items():
         if _public_name(name, model) == where:
             for meta in field.metadata:
                 if isinstance(meta, OnError):
-                    return meta.refusal(error)
-    return Refused("invalid_parameter", f"{where or 'the request'}: {error['msg']}")
+                    refusal = meta.refusal(error)
+                    refusal.param = refusal.param or param
+                    return refusal
+    return Refused("invalid_parameter", f"{where or 'the request'}: {error['msg']}", param=param)

@@ -35,6 +35,17 @@ def _fail_over(ha: RedisHA) -> int:
     return int(ha.primary_port() or 0)
 
 
+def _replicated(ha: RedisHA, db: int) -> None:
+    """Block until the replica acknowledged every write the primary took so far (WAIT)."""
+    primary = redis.Redis(port=ha.ports["primary"], db=db)
+    try:
+        primary.set("murmur:drill:fence", "1")
+        acked = primary.wait(1, 30_000)
+    finally:
+        primary.close()
+    assert acked >= 1, "the replica did not acknowledge the writes within 30 s"
+
+
 def _retry(action: object, seconds: float = 20) -> object:
     """Call `action` until it stops raising a Redis/kombu connection error (bounded)."""
     deadline = time.monotonic() + seconds
@@ -54,6 +65,9 @@ def test_the_app_client_and_the_celery_broker_follow_a_failover(ha: RedisHA) -> 
     client.set("murmur:drill", "before")
     celery = make_celery(settings)
     celery.send_task("murmur.drill", args=["before"], queue="drill")
+    # Replication is asynchronous: a primary killed now could take both writes with it.
+    # Wait until the replica acknowledged a write made after them (the stream is ordered).
+    _replicated(ha, db=3)
 
     new_primary = _fail_over(ha)
     assert new_primary == ha.ports["replica"]

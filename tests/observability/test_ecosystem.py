@@ -131,6 +131,41 @@ def test_the_dashboard_shows_what_operators_asked_for() -> None:
         assert metric in exprs
 
 
+def _dashboard_panels() -> list[dict[str, Any]]:
+    found = []
+    for path in sorted((DOCKER / "grafana" / "dashboards").glob("*.json")):
+        found += [p for p in _panels(json.loads(path.read_text())["panels"]) if p.get("targets")]
+    return found
+
+
+def test_every_lifecycle_timing_has_a_panel_of_its_own() -> None:
+    # Each documented worker timing (docs/observability.md) is on the dashboard, and the
+    # start-up panel shows start-up only (teardown is not a step of starting).
+    plotted = {
+        panel["title"]: set().union(*(metric_names_in(t["expr"]) for t in panel["targets"]))
+        for panel in _dashboard_panels()
+    }
+    everywhere = set().union(*plotted.values())
+    for metric in (
+        "provision",
+        "boot",
+        "startup",
+        "image_pull",
+        "first_job_wait",
+        "teardown",
+    ):
+        assert f"murmur_worker_{metric}_seconds_bucket" in everywhere, metric
+    startup = next(names for title, names in plotted.items() if "start-up" in title)
+    assert startup == {"murmur_worker_boot_seconds_bucket", "murmur_worker_startup_seconds_bucket"}
+
+
+def test_a_panel_of_seconds_has_the_unit_seconds() -> None:
+    for panel in _dashboard_panels():
+        names = set().union(*(metric_names_in(t["expr"]) for t in panel["targets"]))
+        if names and all(n.endswith(("_seconds", "_seconds_bucket")) for n in names):
+            assert panel["fieldConfig"]["defaults"]["unit"] == "s", panel["title"]
+
+
 def test_prometheus_scrapes_murmur_with_a_token_file_and_never_workers() -> None:
     config = yaml.safe_load((PROMETHEUS / "prometheus.yml").read_text())
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
