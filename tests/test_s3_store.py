@@ -462,9 +462,11 @@ def test_a_url_jobs_audio_is_fetched_into_the_bucket(
     stores the audio the same way; a bucket gone meanwhile ends the job with the reason."""
     from app.celery_config import make_celery
     from app.jobs.fetch import fetch_audio
+    from app.jobs.io_slots import IoSlots
     from app.services import build_services
 
     svc = build_services(live_api.settings, make_celery(live_api.settings), db=live_api.db)
+    slots = IoSlots(svc.redis, svc.settings.io)
     bucket = _bucket(s3_env)
     ids = []
     for _ in range(2):
@@ -476,13 +478,13 @@ def test_a_url_jobs_audio_is_fetched_into_the_bucket(
         )
         assert response.status_code == 202, response.text
         ids.append(response.json()["id"])
-    fetch_audio(svc, ids[0])
+    fetch_audio(svc, slots, ids[0])
     key = _job(live_api.db, ids[0]).audio_key
     assert key is not None and s3_server.keys(bucket) == [key]
     with svc.storage.open(key) as fh:
         assert fh.read() == SPEECH
     s3_server.drop_bucket(bucket)
-    fetch_audio(svc, ids[1])
+    fetch_audio(svc, slots, ids[1])
     failed = _job(live_api.db, ids[1])
     assert (failed.status, failed.error_code) == ("failed", "storage_unavailable")
     assert [p for p in Path(live_api.settings.storage_path).rglob("*") if p.is_file()] == []
