@@ -71,12 +71,18 @@ STATUS: dict[str, int] = {
     # app/jobs/slow_work.py, app/jobs/waiting.py: this process's bounded slots are all taken
     "server_busy": 503,
     "sync_capacity_exhausted": 503,
+    # app/storage.py, app/db.py: the audio store's or the database's disk is full; the
+    # database refuses, does not answer within its timeouts, or stays locked past them
+    "insufficient_storage": 507,
+    "database_unavailable": 503,
 }
 # Refusals that pass with time: the seconds a client should wait before trying again.
 RETRY_AFTER: dict[str, int] = {
     "broker_unavailable": 5,
     "server_busy": 2,
     "sync_capacity_exhausted": 5,
+    "insufficient_storage": 60,
+    "database_unavailable": 5,
 }
 
 
@@ -213,6 +219,25 @@ def register_error_handlers(app: Flask) -> None:
         return error_response(
             400, "invalid_body", "the request body is not valid HTTP/1.1 chunked encoding"
         )
+
+    from sqlalchemy import exc as sa_exc
+
+    from app.db import database_fault
+
+    @app.errorhandler(sa_exc.DBAPIError)
+    @app.errorhandler(sa_exc.TimeoutError)
+    def _database_error(err: Exception) -> Response:
+        code = database_fault(err)
+        if code is None:
+            return _unexpected(err)
+        # The driver's text may quote the statement or the server's address: not echoed.
+        log.warning("database fault answered %s: %s", code, type(err).__name__)
+        message = (
+            "the database's storage is full; retry later"
+            if code == "insufficient_storage"
+            else "the database is unavailable; retry shortly"
+        )
+        return _refused(Refused(code, message))
 
     @app.errorhandler(Exception)
     def _unexpected(err: Exception) -> Response:

@@ -302,7 +302,8 @@ def openapi_document() -> dict[str, Any]:
             },
             "/readyz": {
                 "get": _op(
-                    "Readiness: database, broker and a recently completed fleet reconcile",
+                    "Readiness: database, broker, free space in the audio store and a recently "
+                    "completed fleet reconcile",
                     {
                         "200": {"description": "Ready", "content": readiness},
                         "503": {

@@ -2,14 +2,46 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Protocol
 
+from app.errors import Refused
 from app.private_files import private_dir
+
+
+class StorageFull(Refused):
+    """The audio store has no room (or quota) left: `507 insufficient_storage`, retry later.
+    Any store raises it from a write that ran out of space; the caller keeps nothing."""
+
+    def __init__(self) -> None:
+        super().__init__("insufficient_storage", "the audio store is full; retry later")
+
+
+_FULL = {errno.ENOSPC, errno.EDQUOT}
+
+
+@contextmanager
+def full_is_refused() -> Iterator[None]:
+    """Turn a write's ENOSPC (or EDQUOT) into `StorageFull`; other errors pass unchanged."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno in _FULL:
+            raise StorageFull() from exc
+        raise
+
+
+def free_bytes(path: str | os.PathLike[str]) -> int:
+    """Bytes an unprivileged writer may still use on the filesystem holding `path`."""
+    stat = os.statvfs(path)
+    return stat.f_bavail * stat.f_frsize
 
 
 class AudioStore(Protocol):
@@ -48,12 +80,14 @@ class LocalAudioStore:
         return self.root / key
 
     def staging_path(self) -> Path:
-        fd, name = tempfile.mkstemp(dir=self.root / ".staging")
+        with full_is_refused():
+            fd, name = tempfile.mkstemp(dir=self.root / ".staging")
         os.close(fd)
         return Path(name)
 
     def commit(self, staged: Path, key: str) -> None:
-        os.replace(staged, self._path(key))
+        with full_is_refused():
+            os.replace(staged, self._path(key))
 
     def open(self, key: str) -> IO[bytes]:
         return self._path(key).open("rb")
@@ -78,6 +112,10 @@ class LocalAudioStore:
 
     def copy_in(self, src: IO[bytes], key: str) -> None:
         staged = self.staging_path()
-        with staged.open("wb") as out:
-            shutil.copyfileobj(src, out)
-        self.commit(staged, key)
+        try:
+            with full_is_refused(), staged.open("wb") as out:
+                shutil.copyfileobj(src, out)
+            self.commit(staged, key)
+        except BaseException:
+            staged.unlink(missing_ok=True)  # a full disk leaves no partial file behind
+            raise
