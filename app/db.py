@@ -121,7 +121,9 @@ def _answer_deadline_connection(seconds: float) -> Any:
     from psycopg.connection import _WAIT_INTERVAL
 
     class AnswerDeadlineConnection(psycopg.Connection[Any]):
-        def wait(self, gen: Any, interval: float = _WAIT_INTERVAL, timeout: float | None = None) -> Any:
+        def wait(
+            self, gen: Any, interval: float = _WAIT_INTERVAL, timeout: float | None = None
+        ) -> Any:
             try:
                 return super().wait(gen, interval, seconds if timeout is None else timeout)
             except pg_errors._WaitTimeout:

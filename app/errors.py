@@ -232,12 +232,11 @@ def register_error_handlers(app: Flask) -> None:
             return _unexpected(err)
         # The driver's text may quote the statement or the server's address: not echoed.
         log.warning("database fault answered %s: %s", code, type(err).__name__)
-        message = (
-            "the database's storage is full; retry later"
-            if code == "insufficient_storage"
-            else "the database is unavailable; retry shortly"
+        if code == "insufficient_storage":
+            return _refused(Refused("insufficient_storage", "the database is full; retry later"))
+        return _refused(
+            Refused("database_unavailable", "the database is unavailable; retry shortly")
         )
-        return _refused(Refused(code, message))
 
     @app.errorhandler(Exception)
     def _unexpected(err: Exception) -> Response:

@@ -17,7 +17,7 @@ from typing import Any
 
 import redis
 from celery import Celery
-from sqlalchemy import delete, func, literal, select, tuple_, union, update
+from sqlalchemy import delete, func, inspect, literal, select, tuple_, union, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, undefer
 from sqlalchemy.orm.attributes import set_committed_value
@@ -67,7 +67,7 @@ class JobRequest:
 
 def job_json(job: Job, *, with_text: bool = True) -> dict[str, Any]:
     """A job as the API shows it; with `with_text`, a succeeded job's transcript text too
-    (the job must come from `get_job`: listings leave the text out)."""
+    when it was read (`get_job` reads it; listings leave it out)."""
     body: dict[str, Any] = {
         "id": job.id,
         "object": "transcription.job",
@@ -97,7 +97,9 @@ def job_json(job: Job, *, with_text: bool = True) -> dict[str, Any]:
             "transcript": f"/v1/jobs/{job.id}/transcript",
         },
     }
-    if with_text and job.status == JobStatus.SUCCEEDED.value and job.transcript_text is not None:
+    loaded = "transcript_text" not in inspect(job).unloaded
+    succeeded = job.status == JobStatus.SUCCEEDED.value
+    if with_text and loaded and succeeded and job.transcript_text is not None:
         body["text"] = job.transcript_text
     return body
 
@@ -105,7 +107,9 @@ def job_json(job: Job, *, with_text: bool = True) -> dict[str, Any]:
 def find_idempotent(db: Database, owner: str, key: str) -> Job | None:
     with db.reader() as s:
         return s.execute(
-            select(Job).where(Job.owner == owner, Job.idempotency_key == key)
+            select(Job)
+            .where(Job.owner == owner, Job.idempotency_key == key)
+            .options(undefer(Job.transcript_text))
         ).scalar_one_or_none()
 
 
@@ -169,7 +173,11 @@ def get_job(db: Database, job_id: str, owner: str | None = None) -> Job:
     """The job with its transcript's text, never the transcript itself."""
     with db.reader() as s:
         job = s.get(Job, job_id, options=[undefer(Job.transcript_text)])
-        if job is not None and job.transcript_text is None and job.status == JobStatus.SUCCEEDED.value:
+        if (
+            job is not None
+            and job.transcript_text is None
+            and job.status == JobStatus.SUCCEEDED.value
+        ):
             # A row stored before the text had its own column: read it once from the transcript.
             old = s.execute(select(Job.transcript).where(Job.id == job_id)).scalar()
             if isinstance(old, dict):

@@ -164,7 +164,9 @@ def get_transcript(job_id: str) -> Response:
     fmt = requests.parse(requests.TranscriptQuery, request.args.to_dict()).format
     db = services().db
     job = service.get_job(db, job_id, g.owner)
-    transcript = service.get_transcript(db, job_id) if job.status == JobStatus.SUCCEEDED.value else None
+    transcript = (
+        service.get_transcript(db, job_id) if job.status == JobStatus.SUCCEEDED.value else None
+    )
     if job.status != JobStatus.SUCCEEDED.value or transcript is None:
         if job.status in (JobStatus.FAILED.value, JobStatus.CANCELLED.value):
             raise ApiError(
