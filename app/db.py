@@ -87,9 +87,8 @@ def database_fault(error: BaseException) -> str | None:
     timeout), or None (a bug: the caller answers 500)."""
     if isinstance(error, exc.TimeoutError):  # no pooled connection came free in time
         return DATABASE_UNAVAILABLE
-    if not isinstance(error, exc.DBAPIError):
-        return None
-    orig = error.orig
+    # SQLAlchemy wraps the driver's error, except where a raw connection is opened (RowReader).
+    orig = error.orig if isinstance(error, exc.DBAPIError) else error
     if isinstance(orig, sqlite3.Error):
         code = getattr(orig, "sqlite_errorcode", None)
         primary = code & 0xFF if isinstance(code, int) else None

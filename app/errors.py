@@ -220,25 +220,20 @@ def register_error_handlers(app: Flask) -> None:
             400, "invalid_body", "the request body is not valid HTTP/1.1 chunked encoding"
         )
 
-    from sqlalchemy import exc as sa_exc
-
-    from app.db import database_fault
-
-    @app.errorhandler(sa_exc.DBAPIError)
-    @app.errorhandler(sa_exc.TimeoutError)
-    def _database_error(err: Exception) -> Response:
-        code = database_fault(err)
-        if code is None:
-            return _unexpected(err)
-        # The driver's text may quote the statement or the server's address: not echoed.
-        log.warning("database fault answered %s: %s", code, type(err).__name__)
-        if code == "insufficient_storage":
-            return _refused(Refused("insufficient_storage", "the database is full; retry later"))
-        return _refused(
-            Refused("database_unavailable", "the database is unavailable; retry shortly")
-        )
-
     @app.errorhandler(Exception)
     def _unexpected(err: Exception) -> Response:
+        from app.db import database_fault
+
+        fault = database_fault(err)
+        if fault is not None:
+            # The driver's text may name the server or quote the statement: not echoed.
+            log.warning("database fault answered %s: %s", fault, type(err).__name__)
+            if fault == "insufficient_storage":
+                return _refused(
+                    Refused("insufficient_storage", "the database is full; retry later")
+                )
+            return _refused(
+                Refused("database_unavailable", "the database is unavailable; retry shortly")
+            )
         log.exception("unhandled error")
         return error_response(500, "internal_error", "the server failed to handle the request")
