@@ -17,7 +17,7 @@ from typing import Any
 
 import redis
 from celery import Celery
-from sqlalchemy import delete, func, inspect, literal, select, tuple_, union, update
+from sqlalchemy import Select, delete, func, inspect, literal, select, tuple_, union, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, undefer
 from sqlalchemy.orm.attributes import set_committed_value
@@ -258,19 +258,26 @@ def try_dispatch_now(
     return dispatch_job(db, celery, job_id, profile, now=now)
 
 
-def list_jobs(
-    db: Database, owner: str, status: str | None, limit: int, cursor: tuple[datetime, str] | None
-) -> list[Job]:
+def list_query(
+    owner: str, status: str | None, limit: int, cursor: tuple[datetime, str] | None
+) -> Select[tuple[Job]]:
+    """A page of the owner's jobs, newest first: read in the order of the index on
+    (owner, [status,] created_at, id), so no page sorts, and none reads a transcript."""
     query = select(Job).where(Job.owner == owner)
     if status:
         query = query.where(Job.status == status)
     if cursor is not None:
-        # A row comparison: the index on (owner, [status,] created_at, id) seeks straight to
-        # the cursor, where an OR of the two conditions would scan every newer row first.
+        # A row comparison: the index seeks straight to the cursor, where an OR of the two
+        # conditions would scan every newer row first.
         query = query.where(tuple_(Job.created_at, Job.id) < tuple_(*cursor))
-    query = query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit)
+    return query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit)
+
+
+def list_jobs(
+    db: Database, owner: str, status: str | None, limit: int, cursor: tuple[datetime, str] | None
+) -> list[Job]:
     with db.reader() as s:
-        return list(s.execute(query).scalars())
+        return list(s.execute(list_query(owner, status, limit, cursor)).scalars())
 
 
 def _transition(
