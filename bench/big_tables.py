@@ -243,18 +243,18 @@ def plan_problems(db: Database) -> list[str]:
                     "EXPLAIN (FORMAT JSON) " + compiled.string, compiled.params
                 ).one()
                 text = json.dumps(plan)
-                if '"Sort"' in text or "Seq Scan" in text or "ix_jobs_owner" not in text:
+                if '"Sort"' in text or "Seq Scan" in text or "Index" not in text:
                     problems.append(f"status={status}: {text}")
             else:
                 params = tuple(compiled.params[k] for k in compiled.positiontup or ())
                 found = conn.exec_driver_sql("EXPLAIN QUERY PLAN " + compiled.string, params)
                 text = " | ".join(str(r[-1]) for r in found)
-                if "TEMP B-TREE" in text or "ix_jobs_owner" not in text:
+                if "TEMP B-TREE" in text or "INDEX" not in text:
                     problems.append(f"status={status}: {text}")
     return problems
 
 
-def measure(url: str, samples: int) -> tuple[dict[str, float], list[str]]:
+def measure(url: str, samples: int, check_plans: bool) -> tuple[dict[str, float], list[str]]:
     """p95 milliseconds of each measured read, and the problems found."""
     import redis as redis_lib
 
@@ -278,7 +278,8 @@ def measure(url: str, samples: int) -> tuple[dict[str, float], list[str]]:
     headers = {"Authorization": f"Bearer {TOKEN}"}
     problems: list[str] = []
     db: Database = app.extensions["murmur"].db
-    problems += plan_problems(db)
+    if check_plans:  # a table of a few hundred rows is rightly read whole and sorted
+        problems += plan_problems(db)
 
     def get(path: str) -> Any:
         response = client.get(path, headers=headers)
@@ -311,7 +312,7 @@ def measure(url: str, samples: int) -> tuple[dict[str, float], list[str]]:
         )
     rng = random.Random(1)
     big_one = big[0] if big else mine[0]
-    transcript = get(f"/v1/jobs/{big_one}/transcript?format=json")
+    transcript = get(f"/v1/jobs/{big_one}/transcript?format=verbose_json")
     if big and len(transcript.get_data()) < TRANSCRIPT_BYTES // 2:
         problems.append("the transcript endpoint did not serve the big transcript")
 
@@ -365,7 +366,7 @@ def main() -> int:
             start = time.monotonic()
             with database(kind, size, transcript, tmp) as url:
                 built = time.monotonic() - start
-                figures, problems = measure(url, samples)
+                figures, problems = measure(url, samples, check_plans=size == n)
             results[size] = figures
             print(f"{kind}: {size:,} jobs built in {built:.1f} s")
             for problem in problems:

@@ -99,3 +99,38 @@ def test_every_listing_order_is_served_by_an_index_without_a_sort(database_url: 
         assert [j.id for j in page] == [f"job_{i:032x}" for i in (2998, 2995, 2992)]
     finally:
         db.dispose()
+
+
+def test_the_migration_keeps_old_transcripts_and_their_text(tmp_path: Any) -> None:
+    """A SQLite database of the previous schema: its table is rebuilt with the transcript
+    last, nothing is lost, and an old job's text is read from its transcript."""
+    from sqlalchemy import text
+
+    from app.jobs.service import get_job, get_transcript
+    from app.migrate import upgrade
+
+    url = f"sqlite:///{tmp_path}/old.db"
+    upgrade(url, "0005_audio_expiry")
+    db = Database(url)
+    transcript = {"text": " from before", "segments": [{"start": 0, "end": 1, "text": "x"}]}
+    with db.engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO jobs (id, status, owner, source, word_timestamps, attempts,"
+                " webhook_attempts, transcript, created_at, updated_at) VALUES ('job_old',"
+                " 'succeeded', 'o', 'upload', 0, 1, 0, :t, '2026-01-01 00:00:00.000000',"
+                " '2026-01-01 00:00:00.000000')"
+            ),
+            {"t": json.dumps(transcript)},
+        )
+    db.dispose()
+    upgrade(url)
+    db = Database(url)
+    try:
+        with db.engine.connect() as conn:
+            columns = [row[1] for row in conn.exec_driver_sql("PRAGMA table_info(jobs)")]
+        assert columns[-2:] == ["transcript_text", "transcript"]
+        assert get_transcript(db, "job_old") == transcript
+        assert get_job(db, "job_old").transcript_text == " from before"
+    finally:
+        db.dispose()
