@@ -411,7 +411,8 @@ def openapi_document() -> dict[str, Any]:
                         },
                         "text": {
                             "type": "string",
-                            "description": "The transcript's text, once the job succeeded",
+                            "description": "The transcript's text, once the job succeeded "
+                            "(absent from listings: GET /v1/jobs)",
                         },
                     },
                 },

@@ -260,7 +260,7 @@ def try_dispatch_now(
 
 def list_query(
     owner: str, status: str | None, limit: int, cursor: tuple[datetime, str] | None
-) -> Select[tuple[Job]]:
+) -> Select[Job]:
     """A page of the owner's jobs, newest first: read in the order of the index on
     (owner, [status,] created_at, id), so no page sorts, and none reads a transcript."""
     query = select(Job).where(Job.owner == owner)
