@@ -254,7 +254,9 @@ def plan_problems(db: Database) -> list[str]:
     return problems
 
 
-def measure(url: str, samples: int, check_plans: bool) -> tuple[dict[str, float], list[str]]:
+def measure(
+    url: str, samples: int, check_plans: bool, tmp: Path
+) -> tuple[dict[str, float], list[str]]:
     """p95 milliseconds of each measured read, and the problems found."""
     import redis as redis_lib
 
@@ -264,7 +266,6 @@ def measure(url: str, samples: int, check_plans: bool) -> tuple[dict[str, float]
     from app.services import build_services
 
     redis_lib.Redis.from_url(REDIS_URL).flushdb()
-    tmp = Path(tempfile.mkdtemp(prefix="murmur-big-"))
     env = {
         "MURMUR_DATABASE_URL": url,
         "MURMUR_REDIS_URL": REDIS_URL,
@@ -351,7 +352,8 @@ def main() -> int:
     transcript = big_transcript()
     print(f"jobs table: {n:,} rows, 1 % with a {len(transcript[0]) / 1e6:.1f} MB transcript")
     failed = False
-    tmp = Path(tempfile.mkdtemp(prefix="murmur-big-tables-"))
+    workdir = tempfile.TemporaryDirectory(prefix="murmur-big-tables-")
+    tmp = Path(workdir.name)
     names = {
         "list": "GET /v1/jobs?limit=100",
         "list_status": "  ... &status=succeeded",
@@ -366,7 +368,7 @@ def main() -> int:
             start = time.monotonic()
             with database(kind, size, transcript, tmp) as url:
                 built = time.monotonic() - start
-                figures, problems = measure(url, samples, check_plans=size == n)
+                figures, problems = measure(url, samples, size == n, tmp)
             results[size] = figures
             print(f"{kind}: {size:,} jobs built in {built:.1f} s")
             for problem in problems:
@@ -381,6 +383,7 @@ def main() -> int:
             limit = f"{target:.0f}" if target else ""
             print(f"{label:34} {ms:7.2f} {base:8.2f} {ms / base:6.2f} {limit:>4} {verdict}")
         print()
+    workdir.cleanup()
     return 1 if failed else 0
 
 

@@ -8,6 +8,7 @@ or one after a cursor (see `_plan` for how PostgreSQL's planner is asked).
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -134,3 +135,43 @@ def test_the_migration_keeps_old_transcripts_and_their_text(tmp_path: Any) -> No
         assert get_job(db, "job_old").transcript_text == " from before"
     finally:
         db.dispose()
+
+
+def test_a_listing_reads_no_transcript_and_a_poll_only_its_text(client: Any, db: Database) -> None:
+    """The listing leaves the text out, a poll shows it, and only the transcript endpoint
+    serves the transcript; none of the first two loads the transcript column."""
+    from sqlalchemy import event
+
+    from tests.conftest import auth
+    from tests.test_hostile_input import running_job
+    from tests.test_worker_endpoints import call
+
+    worker, job_id = running_job(client, db)
+    words = [{"word": " hi", "start": 0.0, "end": 0.5}]
+    transcript = {
+        "text": " hi",
+        "segments": [{"start": 0, "end": 1, "text": " hi", "words": words}],
+    }
+    body = {"transcript": transcript, "processing_seconds": 1.0}
+    assert call(client, worker, f"/jobs/{job_id}/result", body).get_json() == {"stored": True}
+
+    statements: list[str] = []
+
+    def seen(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        statements.append(statement)
+
+    def reads_transcript() -> bool:
+        return any(re.search(r"jobs\.transcript\b(?!_)", s) for s in statements)
+
+    event.listen(db.engine, "before_cursor_execute", seen)
+    try:
+        listed = client.get("/v1/jobs", headers=auth()).get_json()["data"]
+        polled = client.get(f"/v1/jobs/{job_id}", headers=auth()).get_json()
+        assert statements and not reads_transcript(), statements
+        served = client.get(f"/v1/jobs/{job_id}/transcript?format=verbose_json", headers=auth())
+        assert reads_transcript()  # the one request that does
+    finally:
+        event.remove(db.engine, "before_cursor_execute", seen)
+    assert [j["id"] for j in listed] == [job_id] and "text" not in listed[0]
+    assert polled["status"] == "succeeded" and polled["text"] == " hi"
+    assert served.status_code == 200 and served.get_json()["segments"][0]["text"] == " hi"
