@@ -163,6 +163,20 @@ class IoSettings(_Strict):
     webhooks_per_token: int = Field(default=4, ge=1, le=10000)
 
 
+class DatabaseSettings(_Strict):
+    """How long the database may take before a request is answered `503 database_unavailable`
+    (docs/reliability.md, "Database and storage faults"): a database that refuses, or accepts
+    connections and never answers, holds no request or `/readyz` past these bounds."""
+
+    # Opening a connection (TCP, TLS and the startup exchange), PostgreSQL.
+    connect_timeout_seconds: float = Field(default=5.0, ge=1, le=300)
+    # One statement on PostgreSQL (`statement_timeout`, enforced by the server); the client
+    # gives up on a server that does not answer at all one second after it.
+    statement_timeout_seconds: float = Field(default=5.0, ge=0.1, le=3600)
+    # How long a SQLite write waits for another process's write lock.
+    busy_timeout_seconds: float = Field(default=10.0, ge=0.1, le=300)
+
+
 class RedisSettings(_Strict):
     """Redis high availability: with `sentinels` set, every client (Celery's broker, the app's
     own keys, cloud-init's broker URL) asks those Sentinels for the current primary of
@@ -220,6 +234,10 @@ class Settings(_Strict):
     redis_ca_certs: str | None = None
     storage_path: str = "var/audio"
     storage: StorageSettings = StorageSettings()
+    # `/readyz` answers 503 while the audio store's filesystem has less free space than this
+    # (a full disk would refuse uploads with `507 insufficient_storage`).
+    storage_min_free_bytes: int = Field(default=256 * 1024 * 1024, ge=0)
+    database: DatabaseSettings = DatabaseSettings()
     default_language: str | None = None
     fleet: FleetSettings = FleetSettings()
     budget: BudgetSettings = BudgetSettings()
@@ -360,6 +378,19 @@ def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
             storage[field] = env[var]
     if storage:
         out["storage"] = storage
+    if "MURMUR_STORAGE_MIN_FREE_BYTES" in env:
+        out["storage_min_free_bytes"] = env["MURMUR_STORAGE_MIN_FREE_BYTES"]
+    database = {
+        name: env[var]
+        for name, var in (
+            ("connect_timeout_seconds", "MURMUR_DATABASE_CONNECT_TIMEOUT_SECONDS"),
+            ("statement_timeout_seconds", "MURMUR_DATABASE_STATEMENT_TIMEOUT_SECONDS"),
+            ("busy_timeout_seconds", "MURMUR_DATABASE_BUSY_TIMEOUT_SECONDS"),
+        )
+        if var in env
+    }
+    if database:
+        out["database"] = database
     if "MURMUR_HOST" in env:
         api["host"] = env["MURMUR_HOST"]
     if "MURMUR_PORT" in env:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import math
+import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, DateTime, Dialect, Engine, Select, create_engine, event
+from sqlalchemy import CursorResult, DateTime, Dialect, Engine, Select, create_engine, event, exc
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 from sqlalchemy.types import TypeDecorator
 
@@ -53,8 +56,89 @@ def normalise_url(url: str) -> str:
     return url
 
 
-def make_engine(url: str) -> Engine:
+@dataclass(frozen=True)
+class Timeouts:
+    """How long the database may keep a caller waiting (app.config.DatabaseSettings).
+
+    `statement` None: no statement timeout (migrations build indexes on big tables)."""
+
+    connect: float = 5.0
+    statement: float | None = 5.0
+    busy: float = 10.0
+
+    @property
+    def answer(self) -> float | None:
+        """How long the client waits for any answer of a PostgreSQL server on a connection it
+        holds: past the server's own statement timeout, so a slow statement is cancelled by
+        the server first and only a server that no longer answers at all is cut off here."""
+        return None if self.statement is None else self.statement + 1.0
+
+
+# The codes of `database_fault`: each is in app/errors.py.
+DATABASE_UNAVAILABLE = "database_unavailable"
+INSUFFICIENT_STORAGE = "insufficient_storage"
+_SQLITE_FULL = {13}  # SQLITE_FULL: "database or disk is full"
+_SQLITE_UNAVAILABLE = {5, 6, 10, 14}  # BUSY (busy timeout passed), LOCKED, IOERR, CANTOPEN
+
+
+def database_fault(error: BaseException) -> str | None:
+    """What a database error means to a client: `insufficient_storage` (the database's disk
+    is full), `database_unavailable` (it refuses, does not answer in time, or is busy past its
+    timeout), or None (a bug: the caller answers 500)."""
+    if isinstance(error, exc.TimeoutError):  # no pooled connection came free in time
+        return DATABASE_UNAVAILABLE
+    # SQLAlchemy wraps the driver's error, except where a raw connection is opened (RowReader).
+    orig = error.orig if isinstance(error, exc.DBAPIError) else error
+    if isinstance(orig, sqlite3.Error):
+        code = getattr(orig, "sqlite_errorcode", None)
+        primary = code & 0xFF if isinstance(code, int) else None
+        if primary in _SQLITE_FULL:
+            return INSUFFICIENT_STORAGE
+        return DATABASE_UNAVAILABLE if primary in _SQLITE_UNAVAILABLE else None
+    try:
+        import psycopg
+        from psycopg import errors as pg_errors
+    except ImportError:  # pragma: no cover - psycopg is in requirements/control.txt
+        return None
+    if isinstance(orig, pg_errors.DiskFull):
+        return INSUFFICIENT_STORAGE
+    if isinstance(orig, psycopg.OperationalError | psycopg.InterfaceError):
+        return DATABASE_UNAVAILABLE
+    return None
+
+
+def _answer_deadline_connection(seconds: float) -> Any:
+    """A psycopg connection class that stops waiting for the server after `seconds`.
+
+    PostgreSQL's statement timeout is the server's: a server that accepts a connection and
+    then never answers (a black-holed network, a hung host) would hold the caller forever,
+    and TCP keepalives do not help while the peer's kernel still acknowledges. This class
+    closes such a connection and raises `OperationalError`; the pool then drops it.
+    """
+    import psycopg
+    from psycopg import errors as pg_errors
+    from psycopg.connection import _WAIT_INTERVAL
+
+    class AnswerDeadlineConnection(psycopg.Connection[Any]):
+        def wait(
+            self, gen: Any, interval: float = _WAIT_INTERVAL, timeout: float | None = None
+        ) -> Any:
+            try:
+                return super().wait(gen, interval, seconds if timeout is None else timeout)
+            except pg_errors._WaitTimeout:
+                if timeout is not None:  # the caller's own bound: its own handling
+                    raise
+                self.pgconn.finish()
+                raise psycopg.OperationalError(
+                    f"the database did not answer within {seconds:g} s"
+                ) from None
+
+    return AnswerDeadlineConnection
+
+
+def make_engine(url: str, timeouts: Timeouts | None = None) -> Engine:
     url = normalise_url(url)
+    timeouts = timeouts or Timeouts()
     # Errors must not carry bound values into logs: prompts, transcripts, URLs.
     kwargs: dict[str, Any] = {"future": True, "hide_parameters": True}
     if url.startswith("sqlite"):
@@ -69,10 +153,25 @@ def make_engine(url: str) -> Engine:
             private_file(path)
             for companion in ("-wal", "-shm", "-journal"):  # left by an earlier, laxer version
                 tighten(Path(path + companion))
-        kwargs["connect_args"] = {"timeout": 30, "check_same_thread": False}
+        kwargs["connect_args"] = {"timeout": timeouts.busy, "check_same_thread": False}
     else:
         kwargs["pool_pre_ping"] = True
+        # libpq counts whole seconds, and at least 2.
+        connect_args: dict[str, Any] = {"connect_timeout": max(2, math.ceil(timeouts.connect))}
+        if timeouts.statement is not None:
+            connect_args["options"] = f"-c statement_timeout={int(timeouts.statement * 1000)}"
+            # A request waits for a pooled connection no longer than one could be freed.
+            kwargs["pool_timeout"] = timeouts.connect + timeouts.statement + 1.0
+        kwargs["connect_args"] = connect_args
     engine = create_engine(url, **kwargs)
+    answer = timeouts.answer
+    if url.startswith("postgresql+psycopg") and answer is not None:
+        connection_class = _answer_deadline_connection(answer)
+
+        @event.listens_for(engine, "do_connect")
+        def _connect(_dialect: Any, _record: Any, cargs: Any, cparams: Any) -> Any:
+            return connection_class.connect(*cargs, **cparams)
+
     if url.startswith("sqlite"):
         # API, control worker and beat share the file: WAL lets readers run beside a writer,
         # and IMMEDIATE transactions make compare-and-set updates wait instead of failing.
@@ -81,7 +180,7 @@ def make_engine(url: str) -> Engine:
             dbapi_conn.isolation_level = None
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute(f"PRAGMA busy_timeout={int(timeouts.busy * 1000)}")
             cur.execute("PRAGMA foreign_keys=ON")
             cur.close()
 
@@ -98,9 +197,9 @@ def make_engine(url: str) -> Engine:
 class Database:
     """One engine and its session factory; `session()` commits on success, rolls back on error."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, timeouts: Timeouts | None = None) -> None:
         self.url = normalise_url(url)
-        self.engine = make_engine(url)
+        self.engine = make_engine(url, timeouts)
         self._factory = sessionmaker(self.engine, expire_on_commit=False)
         self._row_readers: dict[Select[*tuple[Any, ...]], RowReader] = {}
 

@@ -88,6 +88,10 @@ STATUS: dict[str, int] = {
     "sync_capacity_exhausted": 503,
     # app/storage.py: the audio store (an S3 bucket) does not answer or refuses us
     "storage_unavailable": 503,
+    # app/storage.py, app/db.py: the audio store's or the database's disk is full; the
+    # database refuses, does not answer within its timeouts, or stays locked past them
+    "insufficient_storage": 507,
+    "database_unavailable": 503,
 }
 # Refusals that pass with time: the seconds a client should wait before trying again.
 RETRY_AFTER: dict[str, int] = {
@@ -96,6 +100,8 @@ RETRY_AFTER: dict[str, int] = {
     "server_busy": 2,
     "sync_capacity_exhausted": 5,
     "storage_unavailable": 10,
+    "insufficient_storage": 60,
+    "database_unavailable": 5,
 }
 
 
@@ -277,5 +283,18 @@ def register_error_handlers(app: Flask) -> None:
 
     @app.errorhandler(Exception)
     def _unexpected(err: Exception) -> Response:
+        from app.db import database_fault
+
+        fault = database_fault(err)
+        if fault is not None:
+            # The driver's text may name the server or quote the statement: not echoed.
+            log.warning("database fault answered %s: %s", fault, type(err).__name__)
+            if fault == "insufficient_storage":
+                return _refused(
+                    Refused("insufficient_storage", "the database is full; retry later")
+                )
+            return _refused(
+                Refused("database_unavailable", "the database is unavailable; retry shortly")
+            )
         log.exception("unhandled error")
         return error_response(500, "internal_error", "the server failed to handle the request")

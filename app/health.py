@@ -7,6 +7,7 @@ from flask import Blueprint, Response, jsonify
 from app.context import services
 from app.fleet.liveness import control_plane_problem
 from app.openapi import openapi_document
+from app.storage import free_bytes
 
 health_bp = Blueprint("health", __name__)
 
@@ -30,6 +31,15 @@ def readyz() -> Response:
         checks["broker"] = "ok"
     except Exception as exc:
         checks["broker"] = f"failed: {type(exc).__name__}"
+    # A full audio store refuses every upload (507): not ready before it gets there.
+    try:
+        floor = svc.settings.storage_min_free_bytes
+        free = free_bytes(svc.settings.storage_path)
+        checks["storage"] = (
+            "ok" if free >= floor else f"failed: {free} bytes free, below the floor of {floor}"
+        )
+    except OSError as exc:
+        checks["storage"] = f"failed: {type(exc).__name__}"
     # A dead control plane leaves jobs queued and idle GPUs billed while the API still
     # accepts work: not ready, and the answer says since when.
     try:

@@ -302,7 +302,8 @@ def openapi_document() -> dict[str, Any]:
             },
             "/readyz": {
                 "get": _op(
-                    "Readiness: database, broker and a recently completed fleet reconcile",
+                    "Readiness: database, broker, free space in the audio store and a recently "
+                    "completed fleet reconcile",
                     {
                         "200": {"description": "Ready", "content": readiness},
                         "503": {
@@ -434,7 +435,8 @@ def openapi_document() -> dict[str, Any]:
                         },
                         "text": {
                             "type": "string",
-                            "description": "The transcript's text, once the job succeeded",
+                            "description": "The transcript's text, once the job succeeded "
+                            "(absent from listings: GET /v1/jobs)",
                         },
                     },
                 },

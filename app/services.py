@@ -21,7 +21,7 @@ from celery import Celery
 
 from app.broker import redis_client
 from app.config import Settings
-from app.db import Database
+from app.db import Database, Timeouts
 from app.fleet.providers import ProviderRegistry
 from app.storage import AudioStore, open_store
 
@@ -51,6 +51,16 @@ class Services:
             self.started_at = self.clock().timestamp()
 
 
+def database_timeouts(settings: Settings) -> Timeouts:
+    """The bounds of every wait on the database (README, Configuration)."""
+    d = settings.database
+    return Timeouts(
+        connect=d.connect_timeout_seconds,
+        statement=d.statement_timeout_seconds,
+        busy=d.busy_timeout_seconds,
+    )
+
+
 def build_services(
     settings: Settings,
     celery: Celery,
@@ -64,7 +74,7 @@ def build_services(
     """The services of one process, from its settings and its Celery app."""
     return Services(
         settings=settings,
-        db=db or Database(settings.database_url),
+        db=db or Database(settings.database_url, database_timeouts(settings)),
         redis=redis_client(
             settings, socket_timeout=redis_timeout, socket_connect_timeout=redis_connect_timeout
         ),

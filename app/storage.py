@@ -10,6 +10,7 @@ implementation from `storage.backend`; nothing else asks which one it is.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -17,6 +18,8 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol, cast
@@ -28,6 +31,34 @@ if TYPE_CHECKING:
     from app.config import Settings
 
 log = logging.getLogger(__name__)
+
+
+class StorageFull(Refused):
+    """The audio store has no room (or quota) left: `507 insufficient_storage`, retry later.
+    Any store raises it from a write that ran out of space; the caller keeps nothing."""
+
+    def __init__(self) -> None:
+        super().__init__("insufficient_storage", "the audio store is full; retry later")
+
+
+_FULL = {errno.ENOSPC, errno.EDQUOT}
+
+
+@contextmanager
+def full_is_refused() -> Iterator[None]:
+    """Turn a write's ENOSPC (or EDQUOT) into `StorageFull`; other errors pass unchanged."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno in _FULL:
+            raise StorageFull() from exc
+        raise
+
+
+def free_bytes(path: str | os.PathLike[str]) -> int:
+    """Bytes an unprivileged writer may still use on the filesystem holding `path`."""
+    stat = os.statvfs(path)
+    return stat.f_bavail * stat.f_frsize
 
 
 class AudioStore(Protocol):
@@ -90,12 +121,14 @@ class LocalAudioStore:
         return self.root / _check_key(key)
 
     def staging_path(self) -> Path:
-        fd, name = tempfile.mkstemp(dir=self.root / ".staging")
+        with full_is_refused():
+            fd, name = tempfile.mkstemp(dir=self.root / ".staging")
         os.close(fd)
         return Path(name)
 
     def commit(self, staged: Path, key: str) -> None:
-        os.replace(staged, self._path(key))
+        with full_is_refused():
+            os.replace(staged, self._path(key))
 
     def open(self, key: str) -> IO[bytes]:
         try:
@@ -117,9 +150,13 @@ class LocalAudioStore:
 
     def copy_in(self, src: IO[bytes], key: str) -> None:
         staged = self.staging_path()
-        with staged.open("wb") as out:
-            shutil.copyfileobj(src, out)
-        self.commit(staged, key)
+        try:
+            with full_is_refused(), staged.open("wb") as out:
+                shutil.copyfileobj(src, out)
+            self.commit(staged, key)
+        except BaseException:
+            staged.unlink(missing_ok=True)  # a full disk leaves no partial file behind
+            raise
 
     def direct_url(self, key: str, expires_in: int) -> str | None:
         return None
@@ -231,7 +268,8 @@ class S3AudioStore:
         return Refused("storage_unavailable", "the audio store is unavailable; retry shortly")
 
     def staging_path(self) -> Path:
-        fd, name = tempfile.mkstemp(dir=self.staging)
+        with full_is_refused():
+            fd, name = tempfile.mkstemp(dir=self.staging)
         os.close(fd)
         return Path(name)
 

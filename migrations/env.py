@@ -6,7 +6,7 @@ from alembic import context
 
 import app.models  # noqa: F401  (registers the tables on Base.metadata)
 from app.config import load_settings
-from app.db import Base, make_engine
+from app.db import Base, Timeouts, make_engine
 
 config = context.config
 
@@ -22,7 +22,8 @@ def run_migrations_offline() -> None:
 
 
 def run_migrations_online() -> None:
-    engine = make_engine(_url())
+    # No statement timeout: a migration may build an index on a big table.
+    engine = make_engine(_url(), Timeouts(statement=None))
     with engine.connect() as connection:
         context.configure(
             connection=connection,

@@ -297,7 +297,12 @@ def test_healthz_and_openapi(client: Any) -> None:
 def test_readyz_names_the_failed_dependency(client: Any, settings: Any, tmp_path: Path) -> None:
     ok = client.get("/readyz")
     assert ok.status_code == 200
-    assert ok.get_json()["checks"] == {"database": "ok", "broker": "ok", "control_plane": "ok"}
+    assert ok.get_json()["checks"] == {
+        "database": "ok",
+        "broker": "ok",
+        "storage": "ok",
+        "control_plane": "ok",
+    }
     from app import create_app
     from tests.conftest import make_settings
 

@@ -17,9 +17,10 @@ from typing import Any
 
 import redis
 from celery import Celery
-from sqlalchemy import and_, delete, func, literal, or_, select, union, update
+from sqlalchemy import Select, delete, func, inspect, literal, select, tuple_, union, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, undefer
+from sqlalchemy.orm.attributes import set_committed_value
 
 from app.auth import WorkerCaller
 from app.celery_config import DELIVER_WEBHOOK
@@ -64,7 +65,9 @@ class JobRequest:
     request_hash: str | None = None  # app/jobs/idempotency.py; set with idempotency_key
 
 
-def job_json(job: Job) -> dict[str, Any]:
+def job_json(job: Job, *, with_text: bool = True) -> dict[str, Any]:
+    """A job as the API shows it; with `with_text`, a succeeded job's transcript text too
+    when it was read (`get_job` reads it; listings leave it out)."""
     body: dict[str, Any] = {
         "id": job.id,
         "object": "transcription.job",
@@ -94,15 +97,19 @@ def job_json(job: Job) -> dict[str, Any]:
             "transcript": f"/v1/jobs/{job.id}/transcript",
         },
     }
-    if job.status == JobStatus.SUCCEEDED.value and job.transcript is not None:
-        body["text"] = job.transcript.get("text", "")
+    loaded = "transcript_text" not in inspect(job).unloaded
+    succeeded = job.status == JobStatus.SUCCEEDED.value
+    if with_text and loaded and succeeded and job.transcript_text is not None:
+        body["text"] = job.transcript_text
     return body
 
 
 def find_idempotent(db: Database, owner: str, key: str) -> Job | None:
     with db.reader() as s:
         return s.execute(
-            select(Job).where(Job.owner == owner, Job.idempotency_key == key)
+            select(Job)
+            .where(Job.owner == owner, Job.idempotency_key == key)
+            .options(undefer(Job.transcript_text))
         ).scalar_one_or_none()
 
 
@@ -163,11 +170,28 @@ def delete_unstarted_job(db: Database, job_id: str) -> None:
 
 
 def get_job(db: Database, job_id: str, owner: str | None = None) -> Job:
+    """The job with its transcript's text, never the transcript itself."""
     with db.reader() as s:
-        job = s.get(Job, job_id)
+        job = s.get(Job, job_id, options=[undefer(Job.transcript_text)])
+        if (
+            job is not None
+            and job.transcript_text is None
+            and job.status == JobStatus.SUCCEEDED.value
+        ):
+            # A row stored before the text had its own column: read it once from the transcript.
+            old = s.execute(select(Job.transcript).where(Job.id == job_id)).scalar()
+            if isinstance(old, dict):
+                set_committed_value(job, "transcript_text", str(old.get("text", "")))
     if job is None or (owner is not None and job.owner != owner):
         raise Refused("job_not_found", f"no job with id {job_id}")
     return job
+
+
+def get_transcript(db: Database, job_id: str) -> dict[str, Any] | None:
+    """The stored transcript of a job (None until it succeeded): the one read of it."""
+    with db.reader() as s:
+        transcript = s.execute(select(Job.transcript).where(Job.id == job_id)).scalar()
+    return transcript if isinstance(transcript, dict) else None
 
 
 def routable_profile(session: Session, settings: Settings, now: datetime) -> str | None:
@@ -234,20 +258,26 @@ def try_dispatch_now(
     return dispatch_job(db, celery, job_id, profile, now=now)
 
 
-def list_jobs(
-    db: Database, owner: str, status: str | None, limit: int, cursor: tuple[datetime, str] | None
-) -> list[Job]:
+def list_query(
+    owner: str, status: str | None, limit: int, cursor: tuple[datetime, str] | None
+) -> Select[Job]:
+    """A page of the owner's jobs, newest first: read in the order of the index on
+    (owner, [status,] created_at, id), so no page sorts, and none reads a transcript."""
     query = select(Job).where(Job.owner == owner)
     if status:
         query = query.where(Job.status == status)
     if cursor is not None:
-        created, job_id = cursor
-        query = query.where(
-            or_(Job.created_at < created, and_(Job.created_at == created, Job.id < job_id))
-        )
-    query = query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit)
+        # A row comparison: the index seeks straight to the cursor, where an OR of the two
+        # conditions would scan every newer row first.
+        query = query.where(tuple_(Job.created_at, Job.id) < tuple_(*cursor))
+    return query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit)
+
+
+def list_jobs(
+    db: Database, owner: str, status: str | None, limit: int, cursor: tuple[datetime, str] | None
+) -> list[Job]:
     with db.reader() as s:
-        return list(s.execute(query).scalars())
+        return list(s.execute(list_query(owner, status, limit, cursor)).scalars())
 
 
 def _transition(
@@ -427,6 +457,7 @@ def store_result(
         worker_id,
         JobStatus.SUCCEEDED,
         transcript=transcript,
+        transcript_text=str(transcript.get("text", "")),
         processing_seconds=seconds,
         finished_at=now,
         error_code=None,

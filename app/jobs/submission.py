@@ -24,6 +24,7 @@ from app.jobs import idempotency, service
 from app.jobs.dispatch import send_dispatched
 from app.models import Job, JobStatus
 from app.services import Services
+from app.storage import full_is_refused
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +114,8 @@ class Submitter:
         limit = self.svc.settings.api.max_upload_bytes
         staged = self.svc.storage.staging_path()
         try:
-            upload.save(str(staged))
+            with full_is_refused():  # a full disk: 507, and the partial file goes below
+                upload.save(str(staged))
             size = staged.stat().st_size
             if size > limit:
                 raise Refused(

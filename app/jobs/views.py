@@ -145,7 +145,7 @@ def list_jobs() -> Response:
     return jsonify(
         {
             "object": "list",
-            "data": [service.job_json(j) for j in page],
+            "data": [service.job_json(j, with_text=False) for j in page],
             "next_cursor": service.cursor_encode(page[-1]) if more else None,
         }
     )
@@ -167,8 +167,12 @@ def cancel_job(job_id: str) -> Response:
 @require_api_token
 def get_transcript(job_id: str) -> Response:
     fmt = requests.parse(requests.TranscriptQuery, request.args.to_dict()).format
-    job = service.get_job(services().db, job_id, g.owner)
-    if job.status != JobStatus.SUCCEEDED.value or job.transcript is None:
+    db = services().db
+    job = service.get_job(db, job_id, g.owner)
+    transcript = (
+        service.get_transcript(db, job_id) if job.status == JobStatus.SUCCEEDED.value else None
+    )
+    if job.status != JobStatus.SUCCEEDED.value or transcript is None:
         if job.status in (JobStatus.FAILED.value, JobStatus.CANCELLED.value):
             raise ApiError(
                 409,
@@ -178,7 +182,7 @@ def get_transcript(job_id: str) -> Response:
         raise ApiError(
             409, "job_not_finished", f"job {job_id} is {job.status}; the transcript is not ready"
         )
-    body, media_type = render(job.transcript, fmt)
+    body, media_type = render(transcript, fmt)
     return Response(body, mimetype=media_type.split(";")[0], content_type=media_type)
 
 
@@ -216,8 +220,13 @@ def _sync_answer(waited: Waited, fmt: str, granularities: set[str], timeout: flo
     # From here a job exists: every answer names it and tells the official client not to
     # retry (it retries 409 and 5xx answers, and a retry would submit the audio again).
     no_retry = {"x-should-retry": "false"}
-    if finished.status == JobStatus.SUCCEEDED.value and finished.transcript is not None:
-        transcript = finished.transcript
+    stored = (
+        service.get_transcript(services().db, finished.id)
+        if finished.status == JobStatus.SUCCEEDED.value
+        else None
+    )
+    if stored is not None:
+        transcript = stored
         if fmt == "verbose_json" and "word" not in granularities:
             transcript = {
                 **transcript,
