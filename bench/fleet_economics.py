@@ -12,7 +12,9 @@ from `transcribe.<profile>` (as the Celery consumer does) and makes the row upda
 `last_seen_at`. The simulation writes those columns itself, with the simulated clock, in one
 pass over the workers per step (the same choice as tests/fleet/conftest.py's helpers).
 A worker is ready `BOOT_SECONDS` after it was requested and transcribes at `SPEED` times
-real time; a profile with a broken image never becomes ready.
+real time; a profile with a broken image never becomes ready: its instance reports the
+failed pull (`readiness.report_boot_failure`, what `POST …/boot-failure` calls) PULL_FAILS_AFTER
+seconds after the request.
 
 Paid time is what Scaleway bills: from the server's creation to its confirmed deletion. It is
 split into busy (a job running), booting (creation → ready) and idle (ready, no job); booting
@@ -62,6 +64,7 @@ from app.jobs.dispatch import _job_of  # noqa: E402
 from app.jobs.service import cancel_job  # noqa: E402
 from app.models import Job, JobStatus, Worker, WorkerState  # noqa: E402
 from app.services import build_services  # noqa: E402
+from gpu_worker.protocol.boot import BootFailure  # noqa: E402
 from gpu_worker.protocol.broker import queue_name  # noqa: E402
 from gpu_worker.protocol.readiness import ReadinessRuntime  # noqa: E402
 from tests.conftest import FakeClock  # noqa: E402
@@ -86,6 +89,8 @@ HEARTBEAT_SECONDS = 30.0
 # Assumed per profile: request → ready, and audio seconds transcribed per second of GPU.
 BOOT_SECONDS = {"l4-par2": 120.0, "p100-par1": 150.0}
 SPEED = {"l4-par2": 30.0, "p100-par1": 15.0}
+# A broken image: its pull fails this long after the request, and the boot path reports it.
+PULL_FAILS_AFTER = 60.0
 PRICE = {"l4-par2": float(L4["hourly_cost_eur"]), "p100-par1": float(P100["hourly_cost_eur"])}
 ORDER = ("l4-par2", "p100-par1")
 # Episodes of the day (minutes after 08:00), for the per-episode table: a worker belongs to
@@ -270,6 +275,7 @@ class Simulation:
 
     def workers_step(self) -> None:
         now = self.clock()
+        failed: list[str] = []
         with self.db.session() as s:
             live = list(
                 s.scalars(
@@ -289,11 +295,14 @@ class Simulation:
                 assert requested is not None
                 if w.state != WorkerState.READY.value:
                     booted = now - requested >= timedelta(seconds=BOOT_SECONDS[w.profile])
+                    pulled = now - requested >= timedelta(seconds=PULL_FAILS_AFTER)
                     if w.instance_id and booted and w.profile not in self.broken:
                         profile = self.svc.settings.profile(w.profile)
                         runtime = ReadinessRuntime.model_validate(runtime_for(profile))
                         readiness.mark_ready(s, w, runtime, now)
                         w.last_seen_at = now
+                    elif w.instance_id and pulled and w.profile in self.broken:
+                        failed.append(w.id)
                     continue
                 last = as_utc(w.last_seen_at)
                 if last is None or (now - last).total_seconds() >= HEARTBEAT_SECONDS:
@@ -302,6 +311,9 @@ class Simulation:
                     self._work(s, w, now)
                 if w.current_job_id is None:
                     self._claim(s, w, now)
+        for worker_id in failed:  # the instance's boot path reports it (POST …/boot-failure)
+            failure = BootFailure.of("image_pull", "docker pull exited 1")
+            readiness.report_boot_failure(self.db, worker_id, failure, now)
 
     def _work(self, s: Any, w: Worker, now: datetime) -> None:
         job = s.get(Job, w.current_job_id)

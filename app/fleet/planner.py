@@ -53,6 +53,9 @@ class Death(StrEnum):
     # Refused at readiness (app.fleet.readiness.reject): it booted an image that cannot serve
     # its profile.
     RUNTIME_REJECTED = "runtime rejected"
+    # The instance's boot path said the worker cannot come up (image pull failed, container
+    # exited before readiness, its own checks refused the runtime): app.fleet.readiness.
+    BOOT_FAILED = "boot failed"
     NO_HEARTBEAT = "no heartbeat"
 
     @property
@@ -64,7 +67,13 @@ class Death(StrEnum):
     def failed_boot(self) -> bool:
         """Counts as a failed boot of its profile (enough in a row hold it, see
         fleet.max_failed_boots)."""
-        return self in (Death.BOOT_TIMEOUT, Death.RUNTIME_REJECTED)
+        return self in (Death.BOOT_TIMEOUT, Death.RUNTIME_REJECTED, Death.BOOT_FAILED)
+
+    @property
+    def confirmed(self) -> bool:
+        """A failed boot the instance itself reported: one holds its profile at once (a slow
+        boot, judged by the timeout, takes fleet.max_failed_boots in a row)."""
+        return self is Death.BOOT_FAILED
 
     @property
     def keeps_log(self) -> bool:
@@ -799,9 +808,12 @@ def _death(
 ) -> tuple[Death, str] | None:
     """Why a live worker must be declared dead (and its jobs re-routed), or None."""
     now, rules = state.now, state.rules
-    if w.state == WorkerState.FAILED.value and Death.of(w.error) is Death.RUNTIME_REJECTED:
-        # Refused at readiness and not counted yet (counting moves it to DELETING).
-        return Death.RUNTIME_REJECTED, w.error or Death.RUNTIME_REJECTED.value
+    failed = Death.of(w.error) if w.state == WorkerState.FAILED.value else None
+    if failed in (Death.RUNTIME_REJECTED, Death.BOOT_FAILED):
+        # Refused at readiness, or a boot failure the instance reported, not counted yet
+        # (counting moves it to DELETING).
+        assert failed is not None
+        return failed, w.error or failed.value
     if w.state in _STARTING:
         age = _age(now, w.requested_at)
         if age is not None and age > rules.create_timeout:
