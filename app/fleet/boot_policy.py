@@ -1,5 +1,13 @@
-"""Boot policy: when a worker has booted, and when a live worker is dead (boot timeout, a boot
-failure it reported, silence, an instance gone or stopped), which decides its profile's fate.
+"""Boot policy: how long a profile's workers take to boot, when a worker has booted, and when
+a live worker is dead (boot timeout, a boot failure it reported, silence, an instance gone or
+stopped), which decides its profile's fate.
+
+Boot time is learned, not guessed: a profile's estimate is the p95 of its recent successful
+boots (request → ready, app/fleet/learned.py) × `rules.boot_margin`, at least
+`rules.boot_floor` and at most the configured `rules.boot_timeout` — which is also the estimate
+while fewer than `MIN_BOOT_SAMPLES` boots are measured. The estimate is the profile's boot
+timeout (a boot slower than it is a failed boot) and the boot the scaling and idle policies
+weigh.
 """
 
 from __future__ import annotations
@@ -12,11 +20,13 @@ from app.fleet.plan_records import (
     STARTING,
     Death,
     Delete,
+    FleetRules,
     FleetState,
     InstanceSnapshot,
     MarkBooted,
     MarkDead,
     MarkStarting,
+    ProfileSnapshot,
     Round,
     WorkerSnapshot,
     age_of,
@@ -26,6 +36,29 @@ from app.fleet.plan_records import (
 )
 from app.fleet.providers.base import InstanceState, is_stopped
 from app.models import WorkerState
+
+# Fewer measured boots than this: the configured boot timeout stands for the estimate.
+MIN_BOOT_SAMPLES = 3
+
+
+def percentile(values: tuple[float, ...] | list[float], q: float) -> float:
+    """The q-th percentile (nearest rank) of non-empty `values`."""
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), -(-len(ordered) * q // 100)))
+    return ordered[int(rank) - 1]
+
+
+def boot_estimate(samples: tuple[float, ...], rules: FleetRules) -> float:
+    """Seconds a new worker of a profile with these measured boots takes to be ready, at worst."""
+    ceiling = rules.boot_timeout.total_seconds()
+    if len(samples) < MIN_BOOT_SAMPLES:
+        return ceiling
+    floor = min(rules.boot_floor.total_seconds(), ceiling)
+    return min(ceiling, max(floor, percentile(samples, 95) * rules.boot_margin))
+
+
+def profile_boot(p: ProfileSnapshot | None, rules: FleetRules) -> float:
+    return boot_estimate(p.boot_samples if p is not None else (), rules)
 
 
 def lifecycle(r: Round) -> None:
@@ -115,7 +148,8 @@ def death_of(
         return died(Death.OUT_OF_STOCK, f"the provider stopped it before it booted ({said})")
     if w.state == WorkerState.BOOTING.value:
         age = age_of(now, w.requested_at)
-        if age is not None and age > rules.boot_timeout:
+        limit = timedelta(seconds=profile_boot(_profile(state, w.profile), rules))
+        if age is not None and age > limit:
             seen = f" (the provider reports it {inst.state})" if inst is not None else ""
             return died(
                 Death.BOOT_TIMEOUT, f"not ready {fmt_seconds(age)} after it was requested{seen}"
@@ -126,6 +160,10 @@ def death_of(
         if silent > silence_limit:
             return died(Death.NO_HEARTBEAT, f"silent for {fmt_seconds(silent)}")
     return None
+
+
+def _profile(state: FleetState, name: str) -> ProfileSnapshot | None:
+    return next((p for p in state.profiles if p.name == name), None)
 
 
 def died(death: Death, detail: str) -> tuple[Death, str]:

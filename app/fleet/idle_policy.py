@@ -1,13 +1,27 @@
-"""Idle policy: which free workers are retired (drained, idle, not needed, profile gone)."""
+"""Idle policy: which free workers are retired (drained, idle, not needed, profile gone).
+
+Idle by break-even: keeping an idle worker until the next job costs its price for the expected
+gap between jobs (1 / the recent arrival rate: jobs submitted within `rules.arrival_window`);
+deleting it and booting a new one for that job costs the same price for the profile's boot
+(app/fleet/boot_policy.py), and the job waits that boot. So an idle worker is kept up to
+`rules.idle_timeout` (the ceiling) while the next job is expected within a boot, and deleted
+after `rules.idle_floor` otherwise: a sparse trickle no longer pays the whole idle timeout
+after each job on top of the boot it pays anyway. Without an arrival rate (or without
+`idle_floor`) every idle worker gets the idle timeout, as before.
+"""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
+from app.fleet.boot_policy import profile_boot
 from app.fleet.plan_records import (
     NOT_NEEDED,
     READY,
     REPORTING,
     SERVING,
     Delete,
+    ProfileSnapshot,
     Round,
     Tally,
     idle_ref,
@@ -46,10 +60,34 @@ def retire(r: Round) -> None:
                 r.teardown.append(
                     Delete(w.id, "profile disabled" if prof is not None else "profile removed")
                 )
-            elif (r.waiting == 0 or name not in r.reached) and (
-                r.state.now - idle_ref(w) >= r.state.rules.idle_timeout
-            ):
-                r.teardown.append(Delete(w.id, "idle"))
+            elif r.waiting == 0 or name not in r.reached:
+                limit, rule = idle_limit(r, prof)
+                if r.state.now - idle_ref(w) >= limit:
+                    r.teardown.append(Delete(w.id, "idle", rule=rule))
+                    r.decisions.append(f"delete {w.id} ({name}): {rule}")
+
+
+def idle_limit(r: Round, prof: ProfileSnapshot | None) -> tuple[timedelta, str]:
+    """How long a free ready worker of `prof` may stay idle, and the rule that says so."""
+    rules = r.state.rules
+    arrivals = r.state.recent_arrivals
+    ceiling = f"idle for {rules.idle_timeout.total_seconds():.0f} s (fleet.idle_timeout_seconds)"
+    if rules.idle_floor is None or arrivals is None:
+        return rules.idle_timeout, ceiling
+    boot = profile_boot(prof, rules)
+    window = rules.arrival_window.total_seconds()
+    gap = window / arrivals if arrivals else float("inf")
+    if gap < boot:
+        return (
+            rules.idle_timeout,
+            f"{ceiling}; next job expected in {gap:.0f} s < boot {boot:.0f} s",
+        )
+    floor = min(rules.idle_floor, rules.idle_timeout)
+    expected = "no job" if arrivals == 0 else f"next job expected in {gap:.0f} s"
+    return floor, (
+        f"break-even: {expected} within {window:.0f} s, >= boot {boot:.0f} s: "
+        f"idle for {floor.total_seconds():.0f} s costs less than keeping it"
+    )
 
 
 def retire_unneeded_boots(r: Round, t: Tally, usable: bool) -> None:

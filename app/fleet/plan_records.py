@@ -130,6 +130,16 @@ class FleetRules:
     # A job still `dispatched` this long after its message was sent, while its profile's queue
     # is empty, lost that message (a crash between commit and send): route it again.
     lost_message_after: timedelta = timedelta(seconds=120)
+    # Work-aware scaling (app/fleet/scaling_policy.py): no job should wait longer than this.
+    target_wait: timedelta = timedelta(seconds=300)
+    # Boot-time estimate (app/fleet/boot_policy.py): p95 of measured boots × margin, at least
+    # boot_floor, at most boot_timeout (also the estimate while too few boots are measured).
+    boot_margin: float = 1.5
+    boot_floor: timedelta = timedelta(seconds=60)
+    # Idle by break-even (app/fleet/idle_policy.py): the shortest idle time before a worker
+    # whose next job is not expected within a boot is deleted; None: idle_timeout for all.
+    idle_floor: timedelta | None = None
+    arrival_window: timedelta = timedelta(minutes=30)
 
 
 @dataclass(frozen=True)
@@ -145,6 +155,10 @@ class ProfileSnapshot:
     retry_at: datetime | None = None
     last_error: str | None = None
     queue_depth: int | None = None  # LLEN of transcribe.<name>; may include stale messages
+    # Learned (app/fleet/learned.py): seconds request → ready of recent successful boots, and
+    # audio seconds transcribed per wall second (None: no finished job yet).
+    boot_samples: tuple[float, ...] = ()
+    speed: float | None = None
 
 
 @dataclass(frozen=True)
@@ -202,6 +216,20 @@ class ActiveJob:
     status: str  # "dispatched" | "running"
     worker_id: str | None = None
     dispatched_at: datetime | None = None
+    audio_seconds: float | None = None
+    submitted_at: datetime | None = None
+    started_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class WaitingJob:
+    """A queued job for the scaling policy (the oldest few hundred, oldest first): how much
+    audio it holds and, when only some profiles can serve it, which (empty: any)."""
+
+    id: str
+    submitted_at: datetime
+    audio_seconds: float | None = None
+    profiles: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -221,6 +249,11 @@ class FleetState:
     # When the fleet last came back from a stop (app.fleet.reconcile.listening_since):
     # nothing could hear the workers before, so their silence counts from here at the earliest.
     listening_since: datetime | None = None
+    # The oldest queued jobs with their audio (app/fleet/scaling_policy.py); empty: one worker
+    # per waiting job, as before work-aware scaling.
+    waiting_jobs: tuple[WaitingJob, ...] = ()
+    # Jobs submitted within rules.arrival_window (app/fleet/idle_policy.py); None: unknown.
+    recent_arrivals: int | None = None
 
 
 @dataclass(frozen=True)
@@ -272,12 +305,14 @@ class Provision:
     # Chosen by a caller that must find the worker again whatever interrupts it (murmur smoke);
     # None: the apply step picks one.
     worker_id: str | None = None
+    rule: str = ""  # which rule of the scaling policy asked for it, for /v1/fleet and the logs
 
 
 @dataclass(frozen=True)
 class Delete:
     worker_id: str
     reason: str
+    rule: str = ""  # which rule decided, when more than the reason says
 
 
 @dataclass(frozen=True)
@@ -304,6 +339,8 @@ class ProfilePlan:
     hourly_eur: float  # live + new workers of this profile
     dispatched: int  # jobs on its queue after this plan
     running: int
+    boot_estimate_seconds: float | None = None
+    speed: float | None = None
 
 
 @dataclass(frozen=True)
@@ -316,6 +353,8 @@ class FleetPlan:
     current_hourly_eur: float
     planned_hourly_eur: float
     waiting: int  # queued jobs left without a worker slot after this plan
+    # Which rule decided each new worker and each retirement, in words (for /v1/fleet).
+    decisions: tuple[str, ...] = ()
 
 
 @dataclass
@@ -362,6 +401,7 @@ class Round:
     planned_eur: float = 0.0
     unmet: int = 0  # jobs that still need a new worker
     provisions_left: int = 0
+    decisions: list[str] = field(default_factory=list)
 
     @classmethod
     def start(cls, state: FleetState) -> Round:

@@ -1,5 +1,12 @@
 """The fleet planner: a pure function from a snapshot of the fleet to the actions that fix it.
 
+It composes the policies, each in its own module, so the rule for "why was this worker booted,
+kept or deleted" is found in one place: app/fleet/boot_policy.py (boot time, boot timeout,
+dead workers), scaling_policy.py (which profile gets how many new workers), idle_policy.py
+(which free workers are retired); the records they share are in plan_records.py. Each new
+worker and each retirement carries the rule that decided it (`Provision.rule`,
+`Delete.rule`, `FleetPlan.decisions`).
+
 `plan_fleet(state)` reads frozen dataclasses (profiles in allowlist order, workers, provider
 inventory, job aggregates) and returns a `FleetPlan`. It does no I/O and reads no clock: the
 snapshot carries `now`. Jobs arrive aggregated (counts per profile, plus a bounded list of the
@@ -9,7 +16,7 @@ workers, never with the backlog.
 
 from __future__ import annotations
 
-from app.fleet.boot_policy import lifecycle
+from app.fleet.boot_policy import lifecycle, profile_boot
 from app.fleet.idle_policy import retire
 from app.fleet.plan_records import (
     DISPATCHED,
@@ -38,6 +45,7 @@ from app.fleet.plan_records import (
     Provision,
     Requeue,
     Round,
+    WaitingJob,
     WorkerSnapshot,
     availability,
     can_grow,
@@ -84,6 +92,7 @@ __all__ = [
     "ProfileSnapshot",
     "Provision",
     "Requeue",
+    "WaitingJob",
     "WorkerSnapshot",
     "plan_fleet",
     "stock_detail",
@@ -227,6 +236,10 @@ def _finish(r: Round, orphans: list[Action]) -> FleetPlan:
             hourly_eur=round(t.hourly_eur, 6),
             dispatched=t.dispatched,
             running=t.running,
+            boot_estimate_seconds=(
+                profile_boot(r.profiles[name], r.state.rules) if name in r.profiles else None
+            ),
+            speed=r.profiles[name].speed if name in r.profiles else None,
         )
         for name, t in r.tallies.items()
     )
@@ -238,4 +251,5 @@ def _finish(r: Round, orphans: list[Action]) -> FleetPlan:
         current_hourly_eur=round(r.current_eur, 6),
         planned_hourly_eur=round(r.planned_eur, 6),
         waiting=r.unmet,
+        decisions=tuple(r.decisions),
     )
