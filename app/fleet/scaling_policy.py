@@ -93,11 +93,11 @@ def workers_wanted(
     added, rule = 0, ""
     while added < room and queue:
         now = drain(free_in + [boot] * added, queue)
-        if now.max_wait > target:
+        if not free_in and not added:
+            why = "first worker for the waiting jobs"
+        elif now.max_wait > target:
             late = sum(1 for w in now.waits if w > target)
             why = f"target wait: {late} job(s) would wait over {target:.0f} s"
-        elif not free_in and not added:
-            why = "first worker for the waiting jobs"
         else:
             more = drain(free_in + [boot] * (added + 1), queue)
             gain = now.seconds - more.seconds
