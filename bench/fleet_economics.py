@@ -28,8 +28,8 @@ the emulator, and the Redis ACL users of the run's workers.
 
 Bounded: at most MAX_ROUNDS reconciles per run and MAX_WALL_SECONDS of wall time in all;
 exits non-zero if a day did not finish or anything leaked.
-Run: .venv/bin/python bench/fleet_economics.py [--smoke] (MURMUR_BENCH_REDIS_URL, default
-redis://127.0.0.1:6379/13: a database it empties).
+Run: .venv/bin/python bench/fleet_economics.py [--smoke] [--set NAME=VALUE]...
+(MURMUR_BENCH_REDIS_URL, default redis://127.0.0.1:6379/13: a database it empties).
 """
 
 from __future__ import annotations
@@ -158,6 +158,9 @@ def smoke_script(rng: random.Random) -> Day:
     return day
 
 
+# `--set name=value`: a fleet setting other than the shipped default, to see what it buys.
+FLEET_OVERRIDES: dict[str, float] = {}
+
 PROFILE_OF_TYPE = {"L4-1-24G": "l4-par2", "RENDER-S": "p100-par1"}
 
 
@@ -191,6 +194,11 @@ class Simulation:
                 "backoff_max_seconds": 900.0,
                 "max_failed_boots": 3,
                 "max_attempts": 3,
+                "target_wait_seconds": 300.0,
+                "boot_estimate_margin": 1.5,
+                "boot_estimate_floor_seconds": 60.0,
+                "idle_floor_seconds": 10.0,
+                **FLEET_OVERRIDES,
             },
         ).model_copy(update={"redis_url": REDIS_URL})
         self.db = Database(f"sqlite:///{tmp}/economics.db")
@@ -518,7 +526,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--smoke", action="store_true", help="a tiny day (4 jobs, 20 simulated minutes)"
     )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a fleet setting for both runs, e.g. idle_floor_seconds=60 (repeatable)",
+    )
     args = parser.parse_args(argv)
+    for item in args.set:
+        name, _, value = item.partition("=")
+        FLEET_OVERRIDES[name] = float(value)
     # The fleet logs every decision (failed boots at ERROR); the table is the output here.
     logging.disable(logging.ERROR)
     wall = time.monotonic()

@@ -237,6 +237,7 @@ class MurmurCollector:
                     ProfileState.consecutive_failed_boots,
                     ProfileState.retry_at,
                     ProfileState.backoff_until,
+                    ProfileState.last_error,
                 )
             ).all()
         shared = store.read_shared_state(
@@ -480,7 +481,11 @@ class MurmurCollector:
             backoff = row[3] if row is not None else None
             failed.add_metric([name], float(boots))
             # retry_at holds after an error and after failed boots; the count tells which.
-            boot_hold = boots >= self._settings.fleet.max_failed_boots
+            # ... or after one boot failure the instance reported (app/fleet/apply.py).
+            said = str(row[4] or "") if row is not None else ""
+            boot_hold = boots >= self._settings.fleet.max_failed_boots or (
+                boots > 0 and "never became ready" in said
+            )
             for reason, until, applies in (
                 ("backoff", backoff, True),
                 ("error", retry, not boot_hold),

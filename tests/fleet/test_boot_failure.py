@@ -14,11 +14,13 @@ from typing import Any
 from app.db import Database
 from app.fleet import cloudinit
 from app.fleet.planner import Death
+from app.fleet.service import fleet_overview
 from app.models import JobStatus, Worker, WorkerState
 from gpu_worker.protocol import routes
 from gpu_worker.protocol.boot import BootFailure
 from tests.conftest import add_worker
 from tests.fleet.conftest import L4, MakeFleet
+from tests.fleet.test_fleet_faults import _metric
 from tests.test_worker_endpoints import call
 
 
@@ -91,6 +93,15 @@ def test_one_reported_boot_failure_holds_the_profile(make_fleet: MakeFleet) -> N
     assert state is not None and state.retry_at is not None
     assert state.consecutive_failed_boots == 1
     assert "boot failed: image_pull" in (state.last_error or "")
+    # Shown where a hold after failed boots is shown: /v1/fleet, and the alert's metric.
+    view = fleet_overview(fleet.svc.settings, fleet.db, fleet.svc.redis, fleet.clock())
+    (l4,) = view["profiles"]
+    assert l4["retry_at"] is not None and "boot failed: image_pull" in l4["last_error"]
+    held = {
+        reason: _metric(fleet, "murmur_fleet_profile_held", profile="l4-par2", reason=reason)
+        for reason in ("backoff", "error", "failed_boots")
+    }
+    assert held == {"backoff": 0, "error": 0, "failed_boots": 1}
     # Held: no replacement is booted for the reported worker; the jobs stay on the profile
     # (only a stock-out moves jobs to another one).
     fleet.reconcile(advance=5)
