@@ -128,6 +128,18 @@ class FleetSettings(_Strict):
     # Workers of one profile in a row that never become ready before its retries are held
     # back (doubling from backoff_seconds): a broken image is not re-created every boot timeout.
     max_failed_boots: int = Field(default=3, ge=1)
+    # Work-aware scaling (app/fleet/scaling_policy.py): a worker is added when it drains the
+    # backlog sooner by more than its boot, and always while a job would otherwise wait longer
+    # than this (from its submission). The latency/cost dial.
+    target_wait_seconds: float = Field(default=300.0, gt=0)
+    # A profile's boot estimate (its boot timeout, and the boot the planner weighs): p95 of its
+    # recent successful boots × this margin, at least boot_estimate_floor_seconds, at most
+    # boot_timeout_seconds (also the estimate until 3 boots are measured).
+    boot_estimate_margin: float = Field(default=1.5, ge=1.0)
+    boot_estimate_floor_seconds: float = Field(default=60.0, gt=0)
+    # Idle by break-even (app/fleet/idle_policy.py): a worker whose next job is not expected
+    # within a boot is deleted after this much idle time; idle_timeout_seconds is the ceiling.
+    idle_floor_seconds: float = Field(default=10.0, ge=0)
 
 
 class BudgetSettings(_Strict):

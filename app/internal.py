@@ -22,6 +22,7 @@ from app.fleet import readiness
 from app.inputs import MAX_JSON_BYTES, json_problem, read_body
 from app.jobs import handover, service
 from gpu_worker.protocol import routes
+from gpu_worker.protocol.boot import BootFailure
 from gpu_worker.protocol.failure import Failure
 from gpu_worker.protocol.readiness import ReadyBody
 from gpu_worker.protocol.transcript import ResultBody
@@ -30,6 +31,8 @@ internal_bp = Blueprint("internal", __name__, url_prefix=routes.INTERNAL_PREFIX)
 
 # A transcript of hours of audio with words is a few MB; nothing a worker sends is larger.
 MAX_RESULT_BYTES = 32 * 1024 * 1024
+# A boot failure is a stage and a few hundred characters.
+MAX_BOOT_FAILURE_BYTES = 4096
 
 
 class _Ready(ReadyBody):
@@ -69,6 +72,19 @@ def worker_ready(worker_id: str, instance_id: str) -> Response:
     svc = services()
     readiness.report_ready(svc.db, svc.settings, worker.id, body.runtime, svc.clock())
     return jsonify({"accepted": True})
+
+
+@internal_bp.post(routes.flask_rule(routes.WORKER_PREFIX, routes.BOOT_FAILURE))
+def boot_failure(worker_id: str, instance_id: str) -> Response:
+    """The instance's boot path says its worker cannot come up (gpu_worker/protocol/boot.py).
+
+    Bound to the instance like every worker call; a worker no longer live may still call (its
+    unit reports every stop) and is answered `{"accepted": false}`: nothing changes."""
+    worker = authenticate_worker(worker_id, instance_id, live_only=False)
+    body: BootFailure = _body(BootFailure, MAX_BOOT_FAILURE_BYTES)
+    svc = services()
+    accepted = readiness.report_boot_failure(svc.db, worker.id, body, svc.clock())
+    return jsonify({"accepted": accepted})
 
 
 @internal_bp.post(routes.flask_rule(routes.WORKER_PREFIX, routes.CLAIM))

@@ -1,5 +1,7 @@
 """Warm end-to-end overhead: submit -> transcript available, minus the worker's own transcription.
 
+Run: .venv/bin/python bench/e2e_overhead.py [--smoke]
+
 Runs the API under gunicorn and one real worker process (warm: model loaded, a first job done),
 then sends speech-short.wav N times through the synchronous endpoint, which answers as soon as
 the transcript is stored. Overhead = client wall time - the job's `processing_seconds` (the
@@ -18,7 +20,9 @@ import redis
 import requests
 from _stack import ROOT, TOKEN, bench_env, free_port, gunicorn, percentile, temp_dir
 
-RUNS = 40
+# `--smoke` (CI, tests/test_benches.py): the same path, a few iterations, no verdict on speed.
+SMOKE = "--smoke" in sys.argv[1:]
+RUNS = 3 if SMOKE else 40
 
 
 def celery_round_trip_ms(broker_url: str, n: int = 200) -> float:
@@ -101,7 +105,7 @@ def main() -> int:
                 continue  # warm-up: first claims, connection pools
             walls.append(wall * 1000)
             overheads.append((wall - job["processing_seconds"]) * 1000)
-        floor = celery_round_trip_ms(env["MURMUR_REDIS_URL"])
+        floor = celery_round_trip_ms(env["MURMUR_REDIS_URL"], 20 if SMOKE else 200)
     finally:
         proc.terminate()
         proc.wait(30)

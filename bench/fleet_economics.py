@@ -12,7 +12,9 @@ from `transcribe.<profile>` (as the Celery consumer does) and makes the row upda
 `last_seen_at`. The simulation writes those columns itself, with the simulated clock, in one
 pass over the workers per step (the same choice as tests/fleet/conftest.py's helpers).
 A worker is ready `BOOT_SECONDS` after it was requested and transcribes at `SPEED` times
-real time; a profile with a broken image never becomes ready.
+real time; a profile with a broken image never becomes ready: its instance reports the
+failed pull (`readiness.report_boot_failure`, what `POST …/boot-failure` calls) PULL_FAILS_AFTER
+seconds after the request.
 
 Paid time is what Scaleway bills: from the server's creation to its confirmed deletion. It is
 split into busy (a job running), booting (creation → ready) and idle (ready, no job); booting
@@ -26,13 +28,15 @@ the emulator, and the Redis ACL users of the run's workers.
 
 Bounded: at most MAX_ROUNDS reconciles per run and MAX_WALL_SECONDS of wall time in all;
 exits non-zero if a day did not finish or anything leaked.
-Run: .venv/bin/python bench/fleet_economics.py (MURMUR_BENCH_REDIS_URL, default
-redis://127.0.0.1:6379/13: a database it empties).
+Run: .venv/bin/python bench/fleet_economics.py [--smoke] [--set NAME=VALUE]...
+(MURMUR_BENCH_REDIS_URL, default redis://127.0.0.1:6379/13: a database it empties).
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
+import math
 import os
 import random
 import sys
@@ -60,7 +64,9 @@ from app.jobs.dispatch import _job_of  # noqa: E402
 from app.jobs.service import cancel_job  # noqa: E402
 from app.models import Job, JobStatus, Worker, WorkerState  # noqa: E402
 from app.services import build_services  # noqa: E402
+from gpu_worker.protocol.boot import BootFailure  # noqa: E402
 from gpu_worker.protocol.broker import queue_name  # noqa: E402
+from gpu_worker.protocol.readiness import ReadinessRuntime  # noqa: E402
 from tests.conftest import FakeClock  # noqa: E402
 from tests.fleet.conftest import (  # noqa: E402
     L4,
@@ -83,6 +89,8 @@ HEARTBEAT_SECONDS = 30.0
 # Assumed per profile: request → ready, and audio seconds transcribed per second of GPU.
 BOOT_SECONDS = {"l4-par2": 120.0, "p100-par1": 150.0}
 SPEED = {"l4-par2": 30.0, "p100-par1": 15.0}
+# A broken image: its pull fails this long after the request, and the boot path reports it.
+PULL_FAILS_AFTER = 60.0
 PRICE = {"l4-par2": float(L4["hourly_cost_eur"]), "p100-par1": float(P100["hourly_cost_eur"])}
 ORDER = ("l4-par2", "p100-par1")
 # Episodes of the day (minutes after 08:00), for the per-episode table: a worker belongs to
@@ -136,6 +144,23 @@ def script(rng: random.Random) -> Day:
     return day
 
 
+def smoke_script(rng: random.Random) -> Day:
+    """`--smoke`: a tiny day on the same path (boots, claims, a cancel, a stock-out, teardown)."""
+    day = Day()
+    for i in range(3):
+        day.at(1 + i * 0.02, "submit", rng.uniform(60, 300))
+    day.at(1.5, "cancel", 1)
+    day.at(10, "stockout", "L4-1-24G")
+    day.at(10.1, "submit", rng.uniform(60, 300))
+    day.at(12, "restock", "L4-1-24G")
+    day.unavailable.append(("l4-par2", DAY + timedelta(minutes=10), DAY + timedelta(minutes=12)))
+    day.events.sort(key=lambda e: e[0])
+    return day
+
+
+# `--set name=value`: a fleet setting other than the shipped default, to see what it buys.
+FLEET_OVERRIDES: dict[str, float] = {}
+
 PROFILE_OF_TYPE = {"L4-1-24G": "l4-par2", "RENDER-S": "p100-par1"}
 
 
@@ -169,6 +194,11 @@ class Simulation:
                 "backoff_max_seconds": 900.0,
                 "max_failed_boots": 3,
                 "max_attempts": 3,
+                "target_wait_seconds": 300.0,
+                "boot_estimate_margin": 1.5,
+                "boot_estimate_floor_seconds": 60.0,
+                "idle_floor_seconds": 10.0,
+                **FLEET_OVERRIDES,
             },
         ).model_copy(update={"redis_url": REDIS_URL})
         self.db = Database(f"sqlite:///{tmp}/economics.db")
@@ -253,6 +283,7 @@ class Simulation:
 
     def workers_step(self) -> None:
         now = self.clock()
+        failed: list[str] = []
         with self.db.session() as s:
             live = list(
                 s.scalars(
@@ -272,10 +303,14 @@ class Simulation:
                 assert requested is not None
                 if w.state != WorkerState.READY.value:
                     booted = now - requested >= timedelta(seconds=BOOT_SECONDS[w.profile])
+                    pulled = now - requested >= timedelta(seconds=PULL_FAILS_AFTER)
                     if w.instance_id and booted and w.profile not in self.broken:
                         profile = self.svc.settings.profile(w.profile)
-                        readiness.mark_ready(s, w, runtime_for(profile), now)
+                        runtime = ReadinessRuntime.model_validate(runtime_for(profile))
+                        readiness.mark_ready(s, w, runtime, now)
                         w.last_seen_at = now
+                    elif w.instance_id and pulled and w.profile in self.broken:
+                        failed.append(w.id)
                     continue
                 last = as_utc(w.last_seen_at)
                 if last is None or (now - last).total_seconds() >= HEARTBEAT_SECONDS:
@@ -284,6 +319,9 @@ class Simulation:
                     self._work(s, w, now)
                 if w.current_job_id is None:
                     self._claim(s, w, now)
+        for worker_id in failed:  # the instance's boot path reports it (POST …/boot-failure)
+            failure = BootFailure.of("image_pull", "docker pull exited 1")
+            readiness.report_boot_failure(self.db, worker_id, failure, now)
 
     def _work(self, s: Any, w: Worker, now: datetime) -> None:
         job = s.get(Job, w.current_job_id)
@@ -419,6 +457,16 @@ def accounts(sim: Simulation, day: Day) -> dict[str, float]:
         out[f"{episode}|paid_s"] += paid
         out[f"{episode}|waste_s"] += idle + nothing
     done = [j for j in jobs if j.status == JobStatus.SUCCEEDED.value]
+    # Wait: submit → the start of the run that finished it; latency: submit → done.
+    waits = {j.id: seconds(sim.submitted_at[j.id], j.started_at) for j in done}
+    latencies = {j.id: seconds(sim.submitted_at[j.id], j.finished_at) for j in done}
+    out["waits"] = list(waits.values())  # type: ignore[assignment]
+    out["latencies"] = list(latencies.values())  # type: ignore[assignment]
+    for name, a, b in EPISODES:
+        mine = [j.id for j in done if a <= seconds(DAY, sim.submitted_at[j.id]) / 60 < b]
+        out[f"{name}|waits"] = [waits[i] for i in mine]  # type: ignore[assignment]
+        out[f"{name}|latencies"] = [latencies[i] for i in mine]  # type: ignore[assignment]
+        out[f"{name}|audio_s"] = sum(sim.audio[i] for i in mine)
     floor = 0.0
     for j in done:
         cheapest = min(
@@ -439,6 +487,23 @@ def accounts(sim: Simulation, day: Day) -> dict[str, float]:
     return out
 
 
+def percentile(values: Any, q: float) -> float:
+    """The q-th percentile (nearest rank) of `values`; 0 for none."""
+    ordered = sorted(values)
+    if not ordered:
+        return 0.0
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return float(ordered[rank - 1])
+
+
+def pair(values: Any) -> str:
+    return f"{percentile(values, 50):.0f}/{percentile(values, 95):.0f}"
+
+
+def per_audio_hour(eur: float, audio_s: float) -> float:
+    return eur / (audio_s / 3600) if audio_s else 0.0
+
+
 def simulate(day: Day, *, informed: bool, wall_deadline: float) -> tuple[Simulation, bool]:
     emulator = InstanceEmulator(secret_key=SECRET_KEY, project_id=PROJECT_ID)
     emulator.start()
@@ -456,13 +521,29 @@ def simulate(day: Day, *, informed: bool, wall_deadline: float) -> tuple[Simulat
     return sim, finished
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument(
+        "--smoke", action="store_true", help="a tiny day (4 jobs, 20 simulated minutes)"
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a fleet setting for both runs, e.g. idle_floor_seconds=60 (repeatable)",
+    )
+    args = parser.parse_args(argv)
+    for item in args.set:
+        name, _, value = item.partition("=")
+        FLEET_OVERRIDES[name] = float(value)
     # The fleet logs every decision (failed boots at ERROR); the table is the output here.
     logging.disable(logging.ERROR)
     wall = time.monotonic()
-    day = script(random.Random(11))
-    sim, finished = simulate(day, informed=False, wall_deadline=wall + MAX_WALL_SECONDS)
-    informed, finished_b = simulate(day, informed=True, wall_deadline=wall + MAX_WALL_SECONDS)
+    day = smoke_script(random.Random(11)) if args.smoke else script(random.Random(11))
+    limit = 60.0 if args.smoke else MAX_WALL_SECONDS
+    sim, finished = simulate(day, informed=False, wall_deadline=wall + limit)
+    informed, finished_b = simulate(day, informed=True, wall_deadline=wall + limit)
     finished = finished and finished_b
     a, b = sim.accounts, informed.accounts
     elapsed = time.monotonic() - wall
@@ -513,12 +594,22 @@ def main() -> int:
     print()
     print(
         f"{'by episode (workers requested in it)':<40} {'GPU-s paid':>12}"
-        f" {'idle/nothing':>12} {'EUR':>8} {'informed':>8}"
+        f" {'idle/nothing':>12} {'EUR':>8} {'informed':>8} {'EUR/audio-h':>11}"
+        f" {'wait p50/p95 s':>15} {'latency p50/p95 s':>18} {'informed wait p95':>18}"
     )
     for name, _, _ in EPISODES:
         print(
             f"{name:<40} {a[name + '|paid_s']:>12.0f} {a[name + '|waste_s']:>12.0f}"
             f" {a[name + '|paid_eur']:>8.3f} {b[name + '|paid_eur']:>8.3f}"
+            f" {per_audio_hour(a[name + '|paid_eur'], a[name + '|audio_s']):>11.3f}"
+            f" {pair(a[name + '|waits']):>15} {pair(a[name + '|latencies']):>18}"
+            f" {percentile(b[name + '|waits'], 95):>18.0f}"
+        )
+    for label, x in (("this fleet", a), ("informed", b)):
+        print(
+            f"{label}: wait p50/p95 {pair(x['waits'])} s (max {max(x['waits'], default=0):.0f}),"
+            f" latency p50/p95 {pair(x['latencies'])} s,"
+            f" {per_audio_hour(x['paid_eur'], x['audio_s']):.3f} EUR per audio-hour"
         )
     for label, run in (("this fleet", sim), ("informed", informed)):
         print(
@@ -528,8 +619,16 @@ def main() -> int:
             + ", ".join(f"{k} {v}" for k, v in run.left.items())
         )
     ok = finished and not any(sim.left.values()) and not any(informed.left.values())
+    print(
+        f"economics: paid_eur={a['paid_eur']:.3f} informed_eur={b['paid_eur']:.3f}"
+        f" floor_eur={a['floor_eur']:.3f} gpu_s_per_audio_s={per_audio(a):.3f}"
+        f" eur_per_audio_hour={per_audio_hour(a['paid_eur'], a['audio_s']):.3f}"
+        f" p95_wait_s={percentile(a['waits'], 95):.0f}"
+        f" informed_p95_wait_s={percentile(b['waits'], 95):.0f}"
+        f" leaked={sum(sim.left.values()) + sum(informed.left.values())}"
+    )
     if not finished:
-        print(f"DID NOT FINISH within {MAX_ROUNDS} reconciles / {MAX_WALL_SECONDS:g} s")
+        print(f"DID NOT FINISH within {MAX_ROUNDS} reconciles / {limit:g} s")
     return 0 if ok else 1
 
 

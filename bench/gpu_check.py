@@ -25,7 +25,7 @@ One prepared script, meant to finish in under 8 minutes:
 Combinations the worker's hardware check refuses (float16 on a P100) are reported as such:
 that refusal is part of what this checks.
 
-    python3 bench/gpu_check.py [--skip-install] [--out DIR] [--batch-size 8]
+    python3 bench/gpu_check.py [--skip-install] [--out DIR] [--batch-size 8] [--smoke]
 
 It has not run yet: no GPU was available where it was written (see docs/runtime.md).
 """
@@ -65,7 +65,12 @@ def main() -> int:
     )
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument(
+        "--smoke", action="store_true", help="CI: check the arguments and inputs, run nothing"
+    )
     args = parser.parse_args()
+    if args.smoke:
+        return smoke()
     args.out.mkdir(parents=True, exist_ok=True)
 
     if args.measure or args.skip_install:
@@ -74,6 +79,36 @@ def main() -> int:
     forwarded = ["--measure", "--out", str(args.out), "--batch-size", str(args.batch_size)]
     forwarded += ["--runs", str(args.runs)]
     return subprocess.call([str(python), str(Path(__file__).resolve()), *forwarded])
+
+
+def smoke() -> int:
+    """What CI can check without a GPU: the inputs this script reads exist, and whether a GPU
+    is here at all (the check itself needs one, and installs the GPU stack)."""
+    needed = [FIXTURE, REFERENCE, REPO / "requirements" / "worker-gpu.txt"]
+    missing = [str(path.relative_to(REPO)) for path in needed if not path.is_file()]
+    if missing:
+        print(f"gpu_check: missing inputs: {', '.join(missing)}")
+        return 1
+    gpu = (
+        subprocess.run(
+            ["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30, check=False
+        )
+        if _has("nvidia-smi")
+        else None
+    )
+    if gpu is None or gpu.returncode != 0 or not gpu.stdout.strip():
+        print(
+            "gpu_check --smoke: no GPU on this machine; inputs and arguments checked, nothing run"
+        )
+    else:
+        print(f"gpu_check --smoke: {gpu.stdout.strip()}; run without --smoke for the check")
+    return 0
+
+
+def _has(program: str) -> bool:
+    import shutil
+
+    return shutil.which(program) is not None
 
 
 def install(venv: Path, out: Path) -> Path:

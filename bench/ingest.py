@@ -14,7 +14,7 @@
    scrape latency over HTTP through gunicorn, and the render in-process. Baseline:
    prometheus_client's generate_latest on the same collector. Target: <= 100 ms.
 
-Run: .venv/bin/python bench/ingest.py [--database-url URL] [--jobs N]
+Run: .venv/bin/python bench/ingest.py [--database-url URL] [--jobs N] [--smoke]
 Redis: MURMUR_BENCH_REDIS_URL (default redis://127.0.0.1:6379/10, flushed: keep it private).
 The clients share the machine's cores with gunicorn; the figures say so.
 """
@@ -41,14 +41,17 @@ import psutil
 import redis as redis_lib
 from _stack import ROOT, bench_env, free_port, gunicorn, percentile, temp_dir
 
-WORKERS = 200
+# `--smoke` (CI, tests/test_benches.py): the same path at a few dozen reports, no verdict on
+# speed. Also in the environment, so the client processes size themselves alike.
+SMOKE = "--smoke" in sys.argv[1:] or os.environ.get("MURMUR_BENCH_SMOKE") == "1"
+WORKERS = 20 if SMOKE else 200
 CLIENT_PROCESSES = 2
 THREADS_PER_CLIENT = 4
-REPORTS_PER_THREAD = 600
-ROUNDS = 3
+REPORTS_PER_THREAD = 10 if SMOKE else 600
+ROUNDS = 1 if SMOKE else 3
 GUNICORN_WORKERS, GUNICORN_THREADS = 2, 4
-SCRAPE_WORKERS = 1000
-SCRAPES = 30
+SCRAPE_WORKERS = 40 if SMOKE else 1000
+SCRAPES = 3 if SMOKE else 30
 SCRAPE_TOKEN = "bench-scrape-token-" + "s" * 32
 REDIS_URL = os.environ.get("MURMUR_BENCH_REDIS_URL", "redis://127.0.0.1:6379/10")
 
@@ -426,12 +429,16 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=10_000, help="rows in the jobs table")
     parser.add_argument("--rounds", type=int, default=ROUNDS, help="ingestion rounds per app")
     parser.add_argument("--skip-metrics", action="store_true", help="ingestion only")
+    parser.add_argument("--smoke", action="store_true", help="a few reports and scrapes (CI)")
     parser.add_argument(
         "--keep-alive",
         action="store_true",
         help="reuse one connection per client thread instead of one per report",
     )
     args = parser.parse_args()
+    if args.smoke:
+        os.environ["MURMUR_BENCH_SMOKE"] = "1"
+        args.jobs = min(args.jobs, 200)
     sys.path.insert(0, str(ROOT))
     from app.migrate import upgrade
 

@@ -3,7 +3,8 @@
 Baseline in the same run: the same app and database with Flask's default JSON provider
 (which would write NaN/Infinity). Requests alternate between the two so that load on the
 machine hits both alike; prints both medians and their ratio. In-process (Flask test
-client, a throw-away SQLite database); no network. Run: `.venv/bin/python bench/json_output.py`.
+client, a throw-away SQLite database); no network.
+Run: `.venv/bin/python bench/json_output.py [--smoke]`.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ from app.models import Job  # noqa: E402
 from app.services import utc_clock  # noqa: E402
 
 TOKEN = "bench-token-" + "a" * 32
-ROUNDS = 300  # bounded: well under a minute in all
+# `--smoke` (CI, tests/test_benches.py): the same path, a few rounds.
+SMOKE = "--smoke" in sys.argv[1:]
+ROUNDS = 5 if SMOKE else 300  # bounded: well under a minute in all
 # Small transcripts: the listing shows only their text, and loading big ones from the
 # database would hide the encoder's cost in noise.
 TRANSCRIPT = {"text": "bench " * 20, "language": "en", "duration": 600.0, "segments": []}

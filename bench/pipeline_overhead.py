@@ -12,6 +12,7 @@ BatchedInferencePipeline on the same model) against that bare sequential baselin
 throughput target is >= 1.6x, with WER on both speech fixtures within +0.02 of sequential.
 
     .venv/bin/python bench/pipeline_overhead.py [--compute-type int8] [--runs 5] [--batch-size N]
+                                                [--smoke]
 """
 
 from __future__ import annotations
@@ -56,7 +57,10 @@ def main() -> int:
     parser.add_argument("--cpu-threads", type=int, default=2)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=LOCAL_CPU_PROFILE.batch_size)
+    parser.add_argument("--smoke", action="store_true", help="CI: speech-short, one run each")
     args = parser.parse_args()
+    if args.smoke:
+        args.audio, args.runs = REPO / "tests/fixtures/speech-short.wav", 1
 
     model_dir = verify_asset(load_manifest().asset("tiny.en")).root
     transcriber = FasterWhisperTranscriber(
@@ -122,7 +126,7 @@ def main() -> int:
     print(f"batched median {batched_median:.3f} s  runs {[round(t, 3) for t in batched_times]}")
     print(f"throughput batch {args.batch_size} / bare sequential: {speed_up:.2f}x (target >= 1.6)")
     # WER of the profile's batched path against the sequential path, on both speech fixtures.
-    for fixture in ("speech-short", "speech-90s"):
+    for fixture in ("speech-short",) if args.smoke else ("speech-short", "speech-90s"):
         reference = (FIXTURES / f"{fixture}.txt").read_text()
         samples = decode_bounded(str(FIXTURES / f"{fixture}.wav"), DEFAULT_MAX_AUDIO_SECONDS)
         options = {"language": "en", "prompt": None, "word_timestamps": False}

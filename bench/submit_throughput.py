@@ -18,9 +18,11 @@ import redis
 import requests
 from _stack import ROOT, TOKEN, bench_env, free_port, gunicorn, temp_dir
 
-REQUESTS = 300
+# `--smoke` (CI, tests/test_benches.py): the same path, a few iterations, no verdict on speed.
+SMOKE = "--smoke" in sys.argv[1:]
+REQUESTS = 10 if SMOKE else 300
 CLIENT_THREADS = 8
-ROUNDS = 3
+ROUNDS = 1 if SMOKE else 3
 AUDIO = (ROOT / "tests" / "fixtures" / "speech-short.wav").read_bytes()
 
 

@@ -51,6 +51,7 @@ def test_every_protocol_route_is_served(client: Any) -> None:
         routes.RELEASE,
         routes.RESULT,
         routes.FAILURE,
+        routes.BOOT_FAILURE,
     )
     for route in worker_routes:
         rule = routes.flask_rule(routes.INTERNAL_PREFIX, routes.WORKER_PREFIX, route)

@@ -269,7 +269,8 @@ def _mark_dead(svc: Services, action: MarkDead) -> str | None:
     if moved:
         log.warning("fleet: worker %s is dead (%s); deleting it", action.worker_id, action.reason)
     if moved and action.failed_boot and profile_name is not None:
-        return profile_name if _failed_boot(svc, profile_name, action.reason) else None
+        confirmed = action.death.confirmed
+        return profile_name if _failed_boot(svc, profile_name, action.reason, confirmed) else None
     if not (moved and action.capacity and profile_name is not None):
         return None
     try:
@@ -280,9 +281,9 @@ def _mark_dead(svc: Services, action: MarkDead) -> str | None:
     return profile.name
 
 
-def _failed_boot(svc: Services, profile: str, reason: str) -> bool:
-    """Count a worker that never became ready; hold its profile after max_failed_boots in a row
-    (True then).
+def _failed_boot(svc: Services, profile: str, reason: str, confirmed: bool = False) -> bool:
+    """Count a worker that never became ready; hold its profile after max_failed_boots in a row,
+    or at once when the instance itself reported the failure (`confirmed`) (True then).
 
     The boot is also charged, as one attempt, to the job it would have taken (the oldest one
     dispatched to its profile): a job that waits on a profile that never boots fails after
@@ -294,8 +295,11 @@ def _failed_boot(svc: Services, profile: str, reason: str) -> bool:
         state = _profile_state(s, profile)
         state.consecutive_failed_boots = (state.consecutive_failed_boots or 0) + 1
         boots = state.consecutive_failed_boots
-        if boots >= fleet.max_failed_boots:
-            seconds = _backoff_seconds(fleet, boots - fleet.max_failed_boots + 1)
+        hold = confirmed or boots >= fleet.max_failed_boots
+        if hold:
+            seconds = _backoff_seconds(
+                fleet, boots if confirmed else boots - fleet.max_failed_boots + 1
+            )
             state.retry_at = now + timedelta(seconds=seconds)
             said = f"{boots} workers in a row never became ready (last: {reason})"
             state.last_error = said[:300]
@@ -310,7 +314,7 @@ def _failed_boot(svc: Services, profile: str, reason: str) -> bool:
         if job is not None:
             job.attempts = (job.attempts or 0) + 1
             charged = (job.id, job.attempts)
-    if boots >= fleet.max_failed_boots:
+    if hold:
         log.error(
             "fleet: %s: %d workers in a row never became ready; no new worker before %s",
             profile,
@@ -326,7 +330,7 @@ def _failed_boot(svc: Services, profile: str, reason: str) -> bool:
             log.warning("fleet: job %s failed: %s", charged[0], message)
             with contextlib.suppress(Exception):  # the job's state is already final
                 announce_finished(svc.redis, svc.celery, get_job(svc.db, charged[0]))
-    return boots >= fleet.max_failed_boots
+    return hold
 
 
 # -- provisioning -----------------------------------------------------------------------------

@@ -55,6 +55,9 @@ UNIT_NAME = "murmur-worker.service"
 UNIT_FILE = f"/etc/systemd/system/{UNIT_NAME}"
 ENV_FILE = "/etc/murmur/worker.env"
 PULL_SCRIPT = "/usr/local/lib/murmur/pull-worker-image"
+REPORT_SCRIPT = "/usr/local/lib/murmur/report-boot-failure"
+# Bound on the report's HTTP call: a lost report only leaves the decision to the boot timeout.
+REPORT_TIMEOUT_SECONDS = 10
 PULL_ENV_FILE = "/run/murmur/pull.env"
 CONTAINER_NAME = "murmur-worker"
 # The same path on the instance and inside the container (mounted read-only).
@@ -134,6 +137,7 @@ def render_user_data(env: dict[str, str], profile: Profile) -> str:
         "write_files:\n"
         + _file(ENV_FILE, "0600", body)
         + ca_file
+        + _file(REPORT_SCRIPT, "0755", report_script())
         + _file(PULL_SCRIPT, "0755", _pull_script())
         + _file(
             UNIT_FILE,
@@ -179,10 +183,50 @@ def _pull_script() -> str:
         'out="$1"\n'
         'image="$2"\n'
         "start=$(date +%s.%N)\n"
-        'docker pull --quiet "$image" >/dev/null\n'
+        'docker pull --quiet "$image" >/dev/null || {\n'
+        "  status=$?\n"
+        f'  {REPORT_SCRIPT} image_pull "docker pull exited $status"\n'
+        '  exit "$status"\n'
+        "}\n"
         "end=$(date +%s.%N)\n"
         'seconds=$(awk -v a="$start" -v b="$end" \'BEGIN { printf "%.3f", b - a }\')\n'
         f'printf \'{IMAGE_PULL_SECONDS_VAR}=%s\\n\' "$seconds" > "$out"\n'
+    )
+
+
+def report_script() -> str:
+    """`report-boot-failure STAGE DETAIL`, or `report-boot-failure exited` from the unit's
+    ExecStopPost: POST .../boot-failure (gpu_worker/protocol/boot.py) with the instance
+    credential from the env file, once, bounded, never retried, its failure ignored.
+
+    The details are this script's own words and numbers (never a command's output), so the
+    body needs no escaping and carries nothing secret; the credential goes to curl on its
+    standard input, never on a command line. `exited` reports nothing when the unit stopped
+    cleanly; the control plane ignores a report from a worker that was ready.
+    """
+    return (
+        "#!/bin/sh\n"
+        "# Tell the control plane that this instance's worker cannot come up.\n"
+        "set -u\n"
+        'get() { sed -n "s/^$1=//p" ' + ENV_FILE + " | head -n 1; }\n"
+        'clean() { printf %s "$1" | tr -cd "a-zA-Z0-9_ .-" | cut -c1-200; }\n'
+        'stage=$(clean "$1")\n'
+        'detail="${2:-}"\n'
+        'if [ "$stage" = exited ]; then\n'
+        '  [ "${SERVICE_RESULT:-success}" = success ] && exit 0\n'
+        '  code=$(clean "${EXIT_CODE:-}"); status=$(clean "${EXIT_STATUS:-}")\n'
+        f'  if [ "$status" = {EXIT_RUNTIME_MISMATCH} ]; then stage=runtime_rejected; '
+        "else stage=container_exited; fi\n"
+        '  detail="the worker container stopped before it was ready ($code $status)"\n'
+        "fi\n"
+        'detail=$(clean "$detail")\n'
+        f'url="$(get {CONTROL_URL_VAR})/internal/workers/$(get {WORKER_ID_VAR})/'
+        f'$(get {INSTANCE_ID_VAR})/boot-failure"\n'
+        f"printf 'Authorization: Bearer %s\\n' \"$(get {WORKER_TOKEN_VAR})\" | "
+        f"curl --silent --show-error --max-time {REPORT_TIMEOUT_SECONDS} --header @- "
+        "--header 'Content-Type: application/json' "
+        '--data "{\\"stage\\": \\"$stage\\", \\"detail\\": \\"$detail\\"}" '
+        '"$url" >/dev/null || true\n'
     )
 
 
@@ -197,7 +241,8 @@ def worker_unit(image: str, drain_seconds: float, gpus: bool, *, broker_ca: bool
         "Wants=network-online.target\n"
         "After=network-online.target docker.service\n"
         "Requires=docker.service\n"
-        # A failed pull (registry down) is retried until the fleet's boot timeout decides.
+        # A failed pull (registry down) is reported to the control plane (one such report
+        # holds the profile) and retried until the worker is deleted.
         "StartLimitIntervalSec=0\n"
         "\n"
         "[Service]\n"
@@ -209,6 +254,8 @@ def worker_unit(image: str, drain_seconds: float, gpus: bool, *, broker_ca: bool
         f"--env-file {ENV_FILE} --env-file {PULL_ENV_FILE} --stop-timeout {stop} "
         f"--log-driver journald {image}\n"
         f"ExecStop=/usr/bin/docker stop --time {stop} {CONTAINER_NAME}\n"
+        # The container exited before the worker was ready: say so (ignored once ready).
+        f"ExecStopPost=-{REPORT_SCRIPT} exited\n"
         # Multi-gigabyte images on a fresh instance take minutes to pull.
         f"TimeoutStartSec={PULL_TIMEOUT_SECONDS}\n"
         f"TimeoutStopSec={stop + STOP_MARGIN_SECONDS}\n"

@@ -23,7 +23,9 @@ from app.fleet.catalog import server_device
 from app.fleet.planner import Death
 from app.models import ProfileState, Worker, WorkerState
 from app.transitions import move_worker
+from gpu_worker.protocol.boot import MAX_BOOT_DETAIL, BootFailure
 from gpu_worker.protocol.readiness import ReadinessRuntime
+from gpu_worker.protocol.redaction import clean_log_line
 from gpu_worker.protocol.runtime import capability_requirement, supported_compute_types
 
 # The runtime fields that must equal the profile's (docs/worker-protocol.md, "Runtime").
@@ -133,6 +135,27 @@ def reject(session: Any, worker: Worker, problems: list[str], now: datetime) -> 
         delete_reason=Death.RUNTIME_REJECTED.value,
         delete_requested_at=func.coalesce(Worker.delete_requested_at, now),
     )
+
+
+def report_boot_failure(db: Database, worker_id: str, failure: BootFailure, now: datetime) -> bool:
+    """Take the instance's word that its worker cannot come up (gpu_worker/protocol/boot.py):
+    FAILED with the stage and detail (redacted again), and the next reconcile counts it as a
+    confirmed failed boot, which holds its profile at once (Death.BOOT_FAILED). True when acted
+    on; a worker already ready, failed or retired is left alone (the unit reports every stop).
+    """
+    detail = clean_log_line(failure.detail)[:MAX_BOOT_DETAIL]
+    said = f"{failure.stage}" + (f" ({detail})" if detail else "")
+    with db.session() as s:
+        return move_worker(
+            s,
+            worker_id,
+            _READYABLE,
+            WorkerState.FAILED,
+            error=Death.BOOT_FAILED.because(said),
+            delete_reason=Death.BOOT_FAILED.value,
+            delete_requested_at=func.coalesce(Worker.delete_requested_at, now),
+            last_seen_at=now,
+        )
 
 
 def report_ready(

@@ -141,6 +141,10 @@ def reconcile(svc: Services) -> ReconcileReport:
     return report
 
 
+# Rules quoted per plan in /v1/fleet (each new worker and each idle deletion says which).
+MAX_DECISIONS = 50
+
+
 def plan_summary(plan: FleetPlan) -> dict[str, Any]:
     kinds: dict[str, int] = {}
     for action in plan.actions:
@@ -152,6 +156,7 @@ def plan_summary(plan: FleetPlan) -> dict[str, Any]:
         "held_back": list(plan.held_back),
         "waiting": plan.waiting,
         "actions": kinds,
+        "decisions": list(plan.decisions)[:MAX_DECISIONS],
         "profiles": {p.name: asdict(p) for p in plan.profiles},
     }
 

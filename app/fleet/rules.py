@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from app.config import Settings
+from app.fleet.learned import ARRIVAL_WINDOW
 from app.fleet.planner import FleetRules
 from gpu_worker.protocol.usage import heartbeat_timeout_seconds
 
@@ -28,4 +29,9 @@ def fleet_rules(settings: Settings) -> FleetRules:
         # When no ready worker at all is heard, suspect the control plane first.
         outage_timeout=timedelta(seconds=10 * obs.report_interval_seconds),
         max_hourly_eur=settings.budget.max_hourly_eur,
+        target_wait=timedelta(seconds=fleet.target_wait_seconds),
+        boot_margin=fleet.boot_estimate_margin,
+        boot_floor=timedelta(seconds=fleet.boot_estimate_floor_seconds),
+        idle_floor=timedelta(seconds=fleet.idle_floor_seconds),
+        arrival_window=ARRIVAL_WINDOW,
     )

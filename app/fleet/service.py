@@ -15,6 +15,10 @@ from sqlalchemy import func, or_, select
 
 from app.config import Profile, Settings
 from app.db import Database, as_utc
+from app.fleet.boot_policy import boot_estimate
+from app.fleet.learned import Learned, compute_learned, read_learned
+from app.fleet.plan_records import FleetRules
+from app.fleet.rules import fleet_rules
 from app.models import (
     LIVE_WORKER_STATES,
     Job,
@@ -123,9 +127,15 @@ def fleet_overview(
         reported = last_reports(client, [w.id for w in workers])
         plan = read_plan(client)
     planned: dict[str, Any] = (plan or {}).get("profiles", {})
+    # Without Redis (murmur fleet when the broker is unreachable) the figures are computed anew.
+    history = compute_learned(db, now) if client is None else read_learned(db, client, now)
+    rules = fleet_rules(settings)
 
     profiles = [
-        _profile(p, learned.get(p.name), workers, jobs.get(p.name, {}), depths, planned, now)
+        {
+            **_profile(p, learned.get(p.name), workers, jobs.get(p.name, {}), depths, planned, now),
+            **_learned(p.name, history, rules),
+        }
         for p in settings.profiles
     ]
 
@@ -145,6 +155,8 @@ def fleet_overview(
                 "held_back": plan.get("held_back", []),
                 "waiting": plan.get("waiting"),
                 "actions": plan.get("actions", {}),
+                # Which rule decided each new worker and each idle deletion.
+                "decisions": plan.get("decisions", []),
             }
             if plan
             else None
@@ -196,6 +208,17 @@ def _profile(
         },
         "current_hourly_eur": round(current, 4),
         "planned_hourly_eur": planned.get(p.name, {}).get("hourly_eur"),
+    }
+
+
+def _learned(name: str, history: Learned, rules: FleetRules) -> dict[str, Any]:
+    """What the fleet measured of a profile, and the boot estimate (= boot timeout) from it."""
+    samples = history.boots.get(name, ())
+    return {
+        "boot_estimate_seconds": round(boot_estimate(samples, rules), 1),
+        "boots_measured": len(samples),
+        # Audio seconds per wall second of transcription (None: no finished job yet).
+        "speed": history.speed.get(name),
     }
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import Row, func, select
 
 from app.db import as_utc
+from app.fleet.learned import Learned, read_learned
 from app.fleet.planner import (
     ActiveJob,
     FleetRules,
@@ -23,6 +24,7 @@ from app.fleet.planner import (
     InstanceSnapshot,
     JobCounts,
     ProfileSnapshot,
+    WaitingJob,
     WorkerSnapshot,
 )
 from app.fleet.providers.base import Instance, ProviderError
@@ -45,6 +47,9 @@ log = logging.getLogger("murmur.fleet")
 
 # Dispatched/running jobs examined per round for re-routing (the oldest first).
 MAX_ACTIVE_JOBS = 2000
+# Queued jobs the scaling policy weighs one by one (the oldest first); a backlog past this
+# many already asks for every worker the bounds allow.
+MAX_WAITING_JOBS = 500
 
 
 @dataclass(frozen=True)
@@ -64,12 +69,13 @@ def read_snapshot(
     """Everything the planner needs, read now; `listening_since` comes from the reconcile."""
     rules = fleet_rules(svc.settings)
     db = _read_rows(svc, rules)
+    learned = read_learned(svc.db, svc.redis, now)
     instances, known = _inventory(svc, db.workers)
     state = FleetState(
         now=now,
         rules=rules,
         listening_since=listening_since,
-        profiles=_profile_snapshots(svc, db.learned),
+        profiles=_profile_snapshots(svc, db.learned, learned),
         workers=_worker_snapshots(svc, db),
         inventory=tuple(
             InstanceSnapshot(
@@ -94,9 +100,17 @@ def read_snapshot(
                 status=a.status,
                 worker_id=a.worker_id,
                 dispatched_at=as_utc(a.dispatched_at),
+                audio_seconds=a.duration_seconds,
+                submitted_at=as_utc(a.created_at),
+                started_at=as_utc(a.started_at),
             )
             for a in db.active
         ),
+        waiting_jobs=tuple(
+            WaitingJob(id=w.id, submitted_at=as_utc(w.created_at) or now, audio_seconds=w.duration)
+            for w in db.waiting
+        ),
+        recent_arrivals=learned.arrivals,
     )
     return Snapshot(state=state, instances=instances)
 
@@ -111,7 +125,10 @@ class _Rows:
     queued: int
     oldest_queued_at: datetime | None
     dispatchable: tuple[str, ...]
-    active: Sequence[Any]  # rows of (id, profile, status, worker_id, dispatched_at)
+    # rows of (id, profile, status, worker_id, dispatched_at, duration_seconds, created_at,
+    # started_at)
+    active: Sequence[Any]
+    waiting: Sequence[Any]  # the oldest queued jobs: rows of (id, duration, created_at)
 
 
 def _read_rows(svc: Services, rules: FleetRules) -> _Rows:
@@ -144,16 +161,37 @@ def _read_rows(svc: Services, rules: FleetRules) -> _Rows:
             else []
         )
         active = s.execute(
-            select(Job.id, Job.profile, Job.status, Job.worker_id, Job.dispatched_at)
+            select(
+                Job.id,
+                Job.profile,
+                Job.status,
+                Job.worker_id,
+                Job.dispatched_at,
+                Job.duration_seconds,
+                Job.created_at,
+                Job.started_at,
+            )
             .where(Job.status.in_(active_states))
             .order_by(Job.dispatched_at, Job.id)
             .limit(MAX_ACTIVE_JOBS)
         ).all()
-    return _Rows(learned, rows, counts, int(queued or 0), oldest, tuple(dispatchable), active)
+        waiting = (
+            s.execute(
+                select(Job.id, Job.duration_seconds.label("duration"), Job.created_at)
+                .where(queued_ready)
+                .order_by(Job.created_at, Job.id)
+                .limit(MAX_WAITING_JOBS)
+            ).all()
+            if queued
+            else []
+        )
+    return _Rows(
+        learned, rows, counts, int(queued or 0), oldest, tuple(dispatchable), active, waiting
+    )
 
 
 def _profile_snapshots(
-    svc: Services, learned: dict[str, ProfileState]
+    svc: Services, learned: dict[str, ProfileState], history: Learned
 ) -> tuple[ProfileSnapshot, ...]:
     profiles = svc.settings.profiles
     depths = queue_depths(svc.redis, [p.name for p in profiles])
@@ -168,6 +206,8 @@ def _profile_snapshots(
             retry_at=learned[p.name].retry_at if p.name in learned else None,
             last_error=learned[p.name].last_error if p.name in learned else None,
             queue_depth=depths.get(p.name),
+            boot_samples=history.boots.get(p.name, ()),
+            speed=history.speed.get(p.name),
         )
         for p in profiles
     )

@@ -17,7 +17,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import redis
@@ -33,6 +33,9 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from app.config import Settings
 from app.db import Database, as_utc
+from app.fleet.boot_policy import boot_estimate
+from app.fleet.learned import read_learned
+from app.fleet.rules import fleet_rules
 from app.models import (
     FINISHED_STATES,
     Job,
@@ -234,6 +237,7 @@ class MurmurCollector:
                     ProfileState.consecutive_failed_boots,
                     ProfileState.retry_at,
                     ProfileState.backoff_until,
+                    ProfileState.last_error,
                 )
             ).all()
         shared = store.read_shared_state(
@@ -244,6 +248,7 @@ class MurmurCollector:
         yield from self._jobs(job_rows, profiles, shared, now)
         yield from self._fleet(workers, profiles, shared, now)
         yield from self._profile_holds(learned, profiles, now)
+        yield from self._learned(profiles, now)
         yield from self._lifecycle(durations, profiles)
         yield from self._workers(workers, shared, now)
         yield from self._reporting(shared)
@@ -476,7 +481,11 @@ class MurmurCollector:
             backoff = row[3] if row is not None else None
             failed.add_metric([name], float(boots))
             # retry_at holds after an error and after failed boots; the count tells which.
-            boot_hold = boots >= self._settings.fleet.max_failed_boots
+            # ... or after one boot failure the instance reported (app/fleet/apply.py).
+            said = str(row[4] or "") if row is not None else ""
+            boot_hold = boots >= self._settings.fleet.max_failed_boots or (
+                boots > 0 and "never became ready" in said
+            )
             for reason, until, applies in (
                 ("backoff", backoff, True),
                 ("error", retry, not boot_hold),
@@ -485,6 +494,35 @@ class MurmurCollector:
                 on = applies and until is not None and until.timestamp() > now
                 held.add_metric([name, reason], 1.0 if on else 0.0)
         yield from (failed, limit, held)
+
+    def _learned(self, profiles: list[str], now: float) -> Iterator[Metric]:
+        """What the fleet measured (app/fleet/learned.py): boot estimate and speed per profile."""
+        history = read_learned(self._db, self._redis, datetime.fromtimestamp(now, UTC))
+        rules = fleet_rules(self._settings)
+        boot = GaugeMetricFamily(
+            "murmur_fleet_profile_boot_estimate_seconds",
+            "The profile's boot estimate and boot timeout: p95 of its recent successful boots "
+            "x fleet.boot_estimate_margin, within the floor and fleet.boot_timeout_seconds.",
+            labels=["profile"],
+        )
+        measured = GaugeMetricFamily(
+            "murmur_fleet_profile_boots_measured",
+            "Recent successful boots the profile's boot estimate comes from.",
+            labels=["profile"],
+        )
+        speed = GaugeMetricFamily(
+            "murmur_fleet_profile_speed_ratio",
+            "Audio seconds transcribed per wall second on the profile, over recent finished "
+            "jobs (no sample until one finished).",
+            labels=["profile"],
+        )
+        for name in profiles:
+            samples = history.boots.get(name, ())
+            boot.add_metric([name], boot_estimate(samples, rules))
+            measured.add_metric([name], float(len(samples)))
+            if name in history.speed:
+                speed.add_metric([name], history.speed[name])
+        yield from (boot, measured, speed)
 
     def _lifecycle(self, rows: Sequence[Any], profiles: list[str]) -> Iterator[Metric]:
         bounds = LIFECYCLE_BUCKETS

@@ -5,7 +5,7 @@ gpu_worker/reporter.py); the control plane routes the same templates (app/intern
 app/observability/views.py) through `flask_rule`. docs/worker-protocol.md, "HTTP", says what
 each route takes and answers; the bodies are this package's models (`ReadyBody` in
 readiness.py, `ResultBody` in transcript.py, `Failure` in failure.py, `UsageReport` in
-usage.py), the claim's answer `ClaimedJob` in claim.py.
+usage.py, `BootFailure` in boot.py), the claim's answer `ClaimedJob` in claim.py.
 
 Invariants:
 - Every route lies under `INTERNAL_PREFIX`. A worker's own routes (all but `AUDIO`) lie
@@ -37,6 +37,8 @@ STATUS = "/jobs/{job_id}/status"
 RELEASE = "/jobs/{job_id}/release"
 RESULT = "/jobs/{job_id}/result"
 FAILURE = "/jobs/{job_id}/failure"
+# The instance's boot path says the worker cannot come up (gpu_worker/protocol/boot.py).
+BOOT_FAILURE = "/boot-failure"
 
 # Below INTERNAL_PREFIX, without a credential: the signed, expiring audio URL a claim issues.
 AUDIO = "/audio/{job_id}"

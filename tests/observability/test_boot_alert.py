@@ -29,7 +29,12 @@ def test_the_rule_uses_metrics_every_scrape_exposes(obs: ObsEnv) -> None:
     rule = _rule()
     assert rule["labels"] == {"severity": "critical"}
     used = metric_names_in(str(rule["expr"]))
-    assert used == {"murmur_fleet_profile_failed_boots", "murmur_fleet_max_failed_boots"}
+    # The count against the setting, or a hold after one boot failure the instance reported.
+    assert used == {
+        "murmur_fleet_profile_failed_boots",
+        "murmur_fleet_max_failed_boots",
+        "murmur_fleet_profile_held",
+    }
     # No worker, no failed boot yet: the series exist anyway (0 and the setting).
     exposed = {name for name, _, _ in samples(scrape(obs))}
     assert used <= exposed

@@ -1,0 +1,121 @@
+"""What the fleet learned from its own history: each profile's boot times and transcription
+speed, and how often jobs arrive, for the planner, `/v1/fleet` and `/metrics`.
+
+Read from the database at most once per `LEARN_EVERY` of the control plane's clock and kept in
+Redis (`LEARNED_KEY`), so a reconcile every few seconds does not scan finished jobs each time.
+Bounded: the newest `BOOT_SAMPLES` successful boots per profile (request → ready) and the
+newest `MAX_FINISHED` transcribed jobs. A profile with no history has no samples and no speed:
+the planner then falls back to its configured bounds (app/fleet/boot_policy.py) and to one
+worker per waiting job (app/fleet/scaling_policy.py).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import redis
+from sqlalchemy import select
+
+from app.db import Database, as_utc
+from app.models import Job, JobStatus, Worker
+
+log = logging.getLogger("murmur.fleet")
+
+LEARNED_KEY = "murmur:fleet:learned"
+LEARN_EVERY = timedelta(seconds=60)
+BOOT_SAMPLES = 20
+MAX_FINISHED = 500
+# Jobs submitted within this window make the arrival rate (app/fleet/idle_policy.py).
+ARRIVAL_WINDOW = timedelta(minutes=30)
+
+
+@dataclass(frozen=True)
+class Learned:
+    computed_at: datetime
+    # Seconds from request to ready of the newest successful boots, newest first.
+    boots: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    # Audio seconds transcribed per wall second of processing, over the newest finished jobs.
+    speed: dict[str, float] = field(default_factory=dict)
+    arrivals: int = 0  # jobs submitted within ARRIVAL_WINDOW before computed_at
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "computed_at": self.computed_at.isoformat(),
+            "boots": {k: list(v) for k, v in self.boots.items()},
+            "speed": self.speed,
+            "arrivals": self.arrivals,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Learned:
+        return cls(
+            computed_at=datetime.fromisoformat(data["computed_at"]),
+            boots={k: tuple(float(x) for x in v) for k, v in data.get("boots", {}).items()},
+            speed={k: float(v) for k, v in data.get("speed", {}).items()},
+            arrivals=int(data.get("arrivals", 0)),
+        )
+
+
+def compute_learned(db: Database, now: datetime) -> Learned:
+    """Read the history now (a few bounded queries)."""
+    with db.reader() as s:
+        boots_rows = s.execute(
+            select(Worker.profile, Worker.requested_at, Worker.ready_at)
+            .where(Worker.ready_at.is_not(None))
+            .order_by(Worker.ready_at.desc())
+            .limit(BOOT_SAMPLES * 20)
+        ).all()
+        finished = s.execute(
+            select(Job.profile, Job.duration_seconds, Job.processing_seconds)
+            .where(
+                Job.status == JobStatus.SUCCEEDED.value,
+                Job.processing_seconds > 0,
+                Job.duration_seconds > 0,
+            )
+            .order_by(Job.finished_at.desc())
+            .limit(MAX_FINISHED)
+        ).all()
+        arrivals = s.scalars(
+            select(Job.id).where(Job.created_at >= now - ARRIVAL_WINDOW).limit(10_000)
+        ).all()
+    boots: dict[str, list[float]] = {}
+    for profile, requested, ready in boots_rows:
+        a, b = as_utc(requested), as_utc(ready)
+        if a is None or b is None or len(boots.get(profile, ())) >= BOOT_SAMPLES:
+            continue
+        boots.setdefault(profile, []).append(max(0.0, (b - a).total_seconds()))
+    audio: dict[str, float] = {}
+    wall: dict[str, float] = {}
+    for name, duration, processing in finished:
+        if name is None or duration is None or processing is None:
+            continue
+        audio[name] = audio.get(name, 0.0) + float(duration)
+        wall[name] = wall.get(name, 0.0) + float(processing)
+    return Learned(
+        computed_at=now,
+        boots={k: tuple(v) for k, v in boots.items()},
+        speed={k: round(audio[k] / wall[k], 3) for k in audio if wall[k] > 0},
+        arrivals=len(arrivals),
+    )
+
+
+def read_learned(db: Database, client: redis.Redis, now: datetime) -> Learned:
+    """The cached figures, recomputed when older than LEARN_EVERY (or from a later clock)."""
+    try:
+        raw = client.get(LEARNED_KEY)
+        if raw:
+            cached = Learned.from_json(json.loads(raw))
+            if timedelta(0) <= now - cached.computed_at < LEARN_EVERY:
+                return cached
+    except (redis.RedisError, ValueError, KeyError, TypeError):
+        pass  # recompute below
+    learned = compute_learned(db, now)
+    try:
+        client.set(LEARNED_KEY, json.dumps(learned.to_json()), ex=3600)
+    except redis.RedisError as exc:
+        log.warning("fleet: cannot cache what the fleet learned: %s", exc)
+    return learned
