@@ -78,13 +78,15 @@ def to_verbose_json(transcript: dict[str, Any], *, words: bool = True) -> dict[s
         for w in seg.get("words") or []:
             all_words.append({"word": w["word"], "start": w["start"], "end": w["end"]})
     body: dict[str, Any] = {
-        "task": "transcribe",
+        "task": transcript.get("task") or "transcribe",
         "language": transcript.get("language", ""),
         "duration": transcript.get("duration", 0.0),
         "text": transcript.get("text", ""),
         "segments": segments,
         "usage": {"type": "duration", "seconds": round(_seconds(transcript.get("duration")))},
     }
+    if transcript.get("language_probability") is not None:
+        body["language_probability"] = transcript["language_probability"]
     if words and all_words:
         body["words"] = all_words
     return body
@@ -93,7 +95,11 @@ def to_verbose_json(transcript: dict[str, Any], *, words: bool = True) -> dict[s
 def render(transcript: dict[str, Any], fmt: str) -> tuple[str, str]:
     """(body, media type) of the transcript in `fmt`; `fmt` must be one of FORMATS."""
     if fmt == "json":
-        body = json.dumps({"text": transcript.get("text", "")})
+        # The text, and the language: asked for, or detected (then with its probability).
+        short = {"text": transcript.get("text", ""), "language": transcript.get("language")}
+        if transcript.get("language_probability") is not None:
+            short["language_probability"] = transcript["language_probability"]
+        body = json.dumps(finite_or_none(short), allow_nan=False)
     elif fmt == "verbose_json":
         # allow_nan=False: a stored non-finite number is written as null, never as NaN.
         body = json.dumps(finite_or_none(to_verbose_json(transcript)), allow_nan=False)

@@ -10,7 +10,11 @@ Invariants:
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
+
+from gpu_worker.protocol.capabilities import MAX_SPEAKERS, MIN_SPEAKERS
 
 # The longest audio accepted when nothing else says (4 h).
 DEFAULT_MAX_AUDIO_SECONDS = 4 * 3600.0
@@ -25,6 +29,12 @@ class ClaimedJob(BaseModel):
     language: str | None = None
     prompt: str | None = None
     word_timestamps: bool = False
+    # transcribe, or translate to English (a multilingual model only).
+    task: Literal["transcribe", "translate"] = "transcribe"
+    # Speaker labels (a profile with a diarization asset set), within these bounds if given.
+    diarize: bool = False
+    min_speakers: int | None = Field(default=None, ge=MIN_SPEAKERS, le=MAX_SPEAKERS)
+    max_speakers: int | None = Field(default=None, ge=MIN_SPEAKERS, le=MAX_SPEAKERS)
     # Signed, expiring and bound to this claim (docs/worker-protocol.md).
     audio_url: str
     duration_seconds: float | None = None

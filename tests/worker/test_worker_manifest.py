@@ -144,6 +144,6 @@ def test_a_malformed_manifest_is_refused(tmp_path):
 def test_models_are_the_model_kind_entries():
     manifest = load_manifest()
 
-    assert manifest.model_names() == ("tiny.en",)
+    assert manifest.model_names() == ("base", "tiny.en", "large-v3-turbo")
     with pytest.raises(ManifestError, match="no asset 'large-v9'"):
         manifest.asset("large-v9")
