@@ -9,7 +9,7 @@ workers, never with the backlog.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -201,6 +201,10 @@ class FleetState:
     # When the fleet last came back from a stop (app.fleet.reconcile.listening_since):
     # nothing could hear the workers before, so their silence counts from here at the earliest.
     listening_since: datetime | None = None
+    # Jobs (queued, or active and liable to re-route) that only some profiles can serve: job
+    # id -> those profiles' names (language, task, model, diarize; computed outside the planner
+    # by app/jobs/routing.py). A job not listed may go to any profile.
+    routes: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
 
 # --- output ----------------------------------------------------------------------------------
@@ -364,6 +368,8 @@ class _Round:
     planned_eur: float = 0.0
     unmet: int = 0  # jobs that still need a new worker
     provisions_left: int = 0
+    # Of the waiting jobs, those only some profiles serve: their profiles' names.
+    restricted_left: list[frozenset[str]] = field(default_factory=list)
 
     @classmethod
     def start(cls, state: FleetState) -> _Round:
@@ -469,6 +475,18 @@ def _reroute(r: _Round) -> None:
             t.dispatched = max(0, t.dispatched - 1)
 
 
+def _serves(state: FleetState, job_id: str, profile: str) -> bool:
+    allowed = state.routes.get(job_id)
+    return allowed is None or profile in allowed
+
+
+def _waits_for(r: _Round, profile: str) -> bool:
+    """Whether a waiting job could go to `profile`."""
+    if r.waiting - len(r.restricted_left) > 0:
+        return True
+    return any(profile in allowed for allowed in r.restricted_left)
+
+
 def _dispatch(r: _Round) -> None:
     """3. Dispatch waiting jobs to free worker slots, in profile order.
 
@@ -484,30 +502,54 @@ def _dispatch(r: _Round) -> None:
     r.waiting = state.queued + len(r.requeues)
     pool = list(dict.fromkeys([q.job_id for q in r.requeues] + list(state.dispatchable)))
     dispatch_left = state.rules.max_dispatch
-    preferred_open = False  # a profile before this one could still get a worker
+    # Earlier profiles that could still get a worker (or are held): a job one of them can
+    # serve prefers it, so here only workers still starting take it.
+    open_before: list[str] = []
     for p, t in r.enabled():
         free = sum(1 for w in t.workers if w.state in _SERVING and not w.busy) - t.dispatched
-        if preferred_open:
+        booting = sum(1 for w in t.workers if w.state in _SERVING - {_READY} and not w.busy)
+        if open_before:
             # Jobs already on its queue go to its ready workers first.
-            booting = sum(1 for w in t.workers if w.state in _SERVING - {_READY} and not w.busy)
-            free = min(free, booting)
+            booting = min(free, booting)
         else:
             r.reached.add(p.name)
-        n = max(0, min(free, len(pool), dispatch_left))
-        r.dispatches.extend(Dispatch(job_id, p.name) for job_id in pool[:n])
-        del pool[:n]
+        taken: list[str] = []
+        for job_id in pool:
+            if len(taken) >= min(free, dispatch_left):
+                break
+            if not _serves(state, job_id, p.name):
+                continue
+            if any(_serves(state, job_id, q) for q in open_before):
+                if booting <= 0:
+                    continue
+                booting -= 1
+            taken.append(job_id)
+        n = len(taken)
+        r.dispatches.extend(Dispatch(job_id, p.name) for job_id in taken)
+        if n:
+            chosen = set(taken)
+            pool = [job_id for job_id in pool if job_id not in chosen]
         dispatch_left -= n
         r.waiting -= n
         t.dispatched += n
         # Slots left free only because this round offered no more ids: they take jobs next
         # round, so nobody provisions a worker for those jobs.
-        r.spare_slots += max(0, free - n)
-        preferred_open = (
-            preferred_open
-            or _can_grow(p, t, r.current_eur, state.rules, state.now)
+        offered = min(free, booting + n) if open_before else free
+        r.spare_slots += max(0, offered - n)
+        if (
+            _can_grow(p, t, r.current_eur, state.rules, state.now)
             or _availability(p, state.now) == "held"
-        )
+        ):
+            open_before.append(p.name)
     r.waiting = max(0, r.waiting)
+    if state.routes:
+        active = {j.id for j in state.active_jobs} - {q.job_id for q in r.requeues}
+        dispatched = {d.job_id for d in r.dispatches}
+        r.restricted_left = [
+            allowed
+            for job_id, allowed in state.routes.items()
+            if job_id not in active and job_id not in dispatched
+        ][: r.waiting]
 
 
 def _add_workers(r: _Round, p: ProfileSnapshot, want: int) -> int:
@@ -589,7 +631,11 @@ def _provision_waiting(r: _Round) -> None:
     on to the next profile; a profile held after another error stops the walk, because
     falling back there would hide the error behind a different machine type.
     """
-    r.unmet = max(0, r.waiting - r.spare_slots)
+    restricted = list(r.restricted_left)
+    # Spare slots take the jobs any profile may serve; the others need their own profiles.
+    anywhere = max(0, r.waiting - len(restricted) - r.spare_slots)
+    r.unmet = anywhere + len(restricted)
+    stuck = 0  # jobs that wait for a held profile that could serve them
     for p in r.state.profiles:
         if r.unmet == 0:
             break
@@ -600,17 +646,33 @@ def _provision_waiting(r: _Round) -> None:
             continue
         if t.status == "held":
             r.held_back.append(_held_reason(p))
-            break
+            # What it could serve waits for it; jobs only later profiles serve walk on.
+            kept = [allowed for allowed in restricted if p.name not in allowed]
+            stuck += anywhere + len(restricted) - len(kept)
+            anywhere, restricted = 0, kept
+            r.unmet = len(restricted)
+            if not restricted:
+                break
+            continue
         room = p.max_workers - t.live - t.new
         if room <= 0:
             r.held_back.append(f"{p.name}: at max_workers ({p.max_workers})")
             continue
-        added = _add_workers(r, p, min(room, r.unmet))
-        r.unmet -= added
+        servable = [i for i, allowed in enumerate(restricted) if p.name in allowed]
+        demand = anywhere + len(servable)
+        if demand == 0:
+            continue
+        added = _add_workers(r, p, min(room, demand))
+        # The new workers go to the jobs with the fewest choices first.
+        covered = set(servable[:added])
+        restricted = [allowed for i, allowed in enumerate(restricted) if i not in covered]
+        anywhere -= added - len(covered)
+        r.unmet = anywhere + len(restricted)
         if r.provisions_left == 0 and r.unmet > 0:
             break
         if r.unmet > 0 and added == room:
             r.held_back.append(f"{p.name}: at max_workers ({p.max_workers})")
+    r.unmet += stuck
     if r.unmet > 0:
         r.held_back.append(f"{r.unmet} job(s) waiting with no worker slot")
 
@@ -625,7 +687,7 @@ def _retire(r: _Round) -> None:
     for name, t in r.tallies.items():
         prof = r.profiles.get(name)
         usable = prof is not None and prof.enabled
-        _retire_unneeded_boots(r, t, usable)
+        _retire_unneeded_boots(r, name, t, usable)
         starting_free = sum(
             1 for w in t.workers if w.state in _SERVING and w.state != _READY and not w.busy
         )
@@ -646,13 +708,13 @@ def _retire(r: _Round) -> None:
                 r.teardown.append(
                     Delete(w.id, "profile disabled" if prof is not None else "profile removed")
                 )
-            elif (r.waiting == 0 or name not in r.reached) and (
+            elif (not _waits_for(r, name) or name not in r.reached) and (
                 r.state.now - _idle_ref(w) >= r.state.rules.idle_timeout
             ):
                 r.teardown.append(Delete(w.id, "idle"))
 
 
-def _retire_unneeded_boots(r: _Round, t: _Tally, usable: bool) -> None:
+def _retire_unneeded_boots(r: _Round, name: str, t: _Tally, usable: bool) -> None:
     """Free booting workers beyond the jobs on their queue go (the oldest, nearest to ready,
     stay). While jobs wait unassigned a free booting worker takes one next round, so all stay;
     a disabled profile's worker gets none of them."""
@@ -661,7 +723,7 @@ def _retire_unneeded_boots(r: _Round, t: _Tally, usable: bool) -> None:
         (w for w in t.workers if w.state == WorkerState.BOOTING.value and not w.busy),
         key=lambda w: (w.requested_at, w.id),
     )
-    if r.waiting != 0 and usable:
+    if usable and _waits_for(r, name):
         return
     wanted = max(0, t.dispatched - free_ready_count)
     if len(booting_free) > wanted:

@@ -15,6 +15,7 @@ from typing import Any
 
 from sqlalchemy import Row, func, select
 
+from app.config import Settings
 from app.db import as_utc
 from app.fleet.planner import (
     ActiveJob,
@@ -28,6 +29,7 @@ from app.fleet.planner import (
 from app.fleet.providers.base import Instance, ProviderError
 from app.fleet.rules import fleet_rules
 from app.fleet.service import queue_depths
+from app.jobs import routing
 from app.models import (
     LIVE_WORKER_STATES,
     SEEN_STARTING_AT,
@@ -40,6 +42,7 @@ from app.models import (
 )
 from app.observability.store import last_reports
 from app.services import Services
+from gpu_worker.protocol.capabilities import Need
 
 log = logging.getLogger("murmur.fleet")
 
@@ -97,8 +100,26 @@ def read_snapshot(
             )
             for a in db.active
         ),
+        routes=_routes(svc.settings, db.needs),
     )
     return Snapshot(state=state, instances=instances)
+
+
+def _routes(settings: Settings, needs: Sequence[Any]) -> dict[str, frozenset[str]]:
+    """The jobs only some profiles can serve, and which (app/jobs/routing.py); oldest first."""
+    everyone = frozenset(p.name for p in settings.profiles)
+    routes: dict[str, frozenset[str]] = {}
+    for job_id, language, task, model, diarize in needs:
+        need = Need(
+            language=language,
+            task="translate" if task == "translate" else "transcribe",
+            model=model,
+            diarize=bool(diarize),
+        )
+        allowed = frozenset(p.name for p in routing.serving(settings.profiles, need))
+        if allowed != everyone:
+            routes[job_id] = allowed
+    return routes
 
 
 @dataclass(frozen=True)
@@ -112,6 +133,8 @@ class _Rows:
     oldest_queued_at: datetime | None
     dispatchable: tuple[str, ...]
     active: Sequence[Any]  # rows of (id, profile, status, worker_id, dispatched_at)
+    # (id, language, task, model, diarize) of the oldest queued jobs and the active sample
+    needs: Sequence[Any] = ()
 
 
 def _read_rows(svc: Services, rules: FleetRules) -> _Rows:
@@ -149,7 +172,26 @@ def _read_rows(svc: Services, rules: FleetRules) -> _Rows:
             .order_by(Job.dispatched_at, Job.id)
             .limit(MAX_ACTIVE_JOBS)
         ).all()
-    return _Rows(learned, rows, counts, int(queued or 0), oldest, tuple(dispatchable), active)
+        needs: list[Any] = []
+        if queued or active:
+            # What the jobs the plan may place ask of a profile (a bounded sample, oldest
+            # first): the waiting ones, whoever serves them, and the active ones it may
+            # re-route.
+            columns = (Job.id, Job.language, Job.task, Job.model, Job.diarize)
+            needs.extend(
+                s.execute(
+                    select(*columns)
+                    .where(queued_ready)
+                    .order_by(Job.created_at, Job.id)
+                    .limit(rules.max_dispatch)
+                ).all()
+            )
+            if active:
+                ids = [a.id for a in active]
+                needs.extend(s.execute(select(*columns).where(Job.id.in_(ids))).all())
+    return _Rows(
+        learned, rows, counts, int(queued or 0), oldest, tuple(dispatchable), active, needs
+    )
 
 
 def _profile_snapshots(

@@ -35,7 +35,7 @@ F = TypeVar(
 )
 
 # The OpenAI endpoints' forms: one synchronous path for both.
-O = TypeVar("O", requests.OpenAITranscriptionForm, requests.OpenAITranslationForm)
+OpenAIForm = TypeVar("OpenAIForm", requests.OpenAITranscriptionForm, requests.OpenAITranslationForm)
 
 
 def _idempotency_key() -> str | None:
@@ -250,7 +250,7 @@ def openai_translations() -> Response:
         return _submit_and_wait(requests.OpenAITranslationForm)
 
 
-def _submit_and_wait(model: type[O]) -> Response:
+def _submit_and_wait(model: type[OpenAIForm]) -> Response:
     svc = services()
     if request.mimetype != "multipart/form-data":
         raise ApiError(415, "unsupported_media_type", "send multipart/form-data")
