@@ -141,7 +141,8 @@ def test_language_the_english_only_model_cannot_do(settings: Any, db: Database) 
 
     profile = settings.profiles[0].model_copy(update={"model": "tiny.en"})
     english_only = create_app(settings.model_copy(update={"profiles": (profile,)}), db=db)
-    message = error_of(upload(english_only.test_client(), language="fr"), 400, "unsupported_language")
+    refused = upload(english_only.test_client(), language="fr")
+    message = error_of(refused, 400, "unsupported_language")
     assert "English-only" in message
 
 
