@@ -7,8 +7,8 @@ Invariants:
   of the first requirement no profile meets, in the order model, language, task, diarize.
 - Dispatch, the planner's choice and its re-route only ever pick a profile `serving` returns.
 - A job without a language needs language detection, so it goes to multilingual profiles;
-  where no enabled profile is multilingual (an English-only deployment) it goes to English
-  ones, which transcribe it as English, as Murmur always did there.
+  where no enabled profile (of the model it asks for) is multilingual, an English-only
+  deployment or `model=tiny.en`, it goes to English ones, which transcribe it as English.
 - Model names the OpenAI clients send: `whisper-1` is the default choice (no constraint: the
   first profile, in allowlist order, that can serve the job); `gpt-4o-transcribe-diarize`
   asks for a diarizing profile, whatever its model.
@@ -53,7 +53,11 @@ def serving(profiles: Iterable[Profile], need: Need) -> list[Profile]:
     if (
         not chosen
         and need.language is None
-        and not any(capabilities(p).multilingual for p in profiles if p.enabled)
+        and not any(
+            capabilities(p).multilingual
+            for p in profiles
+            if p.enabled and need.model in (None, p.model)
+        )
     ):
         chosen = [p for p in profiles if capabilities(p).serves(replace(need, language="en"))]
     return chosen
