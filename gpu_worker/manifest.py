@@ -73,10 +73,12 @@ class Asset(BaseModel):
     subdir: str = ""
     assemble: tuple[AssembledFile, ...] | None = None
     gpu_memory_mb: int | None = Field(default=None, ge=0)
-    # Whisper models: whether the model serves every language (False: English only) and can
-    # translate to English. gpu_worker/protocol/capabilities.py derives a profile's
-    # capabilities from these; None on a model entry means "judge by the name" (`.en`).
+    # Whisper models: whether the model serves every language (False: English only) and
+    # whether it translates to English (None: as multilingual). gpu_worker/protocol/
+    # capabilities.py derives a profile's capabilities from these; None on a model entry
+    # means "judge by the name" (`.en`).
     multilingual: bool | None = None
+    translate: bool | None = None
     files: tuple[AssetFile, ...] = Field(min_length=1)
 
     @model_validator(mode="after")

@@ -5,8 +5,9 @@ its diarization setting, never from a separate declaration that could disagree w
 - `multilingual`: the model serves every Whisper language; otherwise English only. The
   manifest says so per model (`multilingual = true|false`); a model it does not know is
   judged by its name (`*.en` is English-only, as Whisper names them).
-- `translate`: translation to English, which every multilingual Whisper model does and no
-  English-only one can.
+- `translate`: translation to English: what the manifest says (`translate = false` for
+  large-v3-turbo, which OpenAI did not train for translation), else every multilingual model
+  and no English-only one.
 - `diarize`: the profile names a diarization asset set (`diarization = "<asset>"`).
 
 The control plane routes a job only to profiles whose capabilities `serve` it (app/jobs/
@@ -73,17 +74,18 @@ def capabilities_of(
 ) -> Capabilities:
     """A profile's capabilities from its model and diarization setting."""
     multilingual: bool | None = None
+    translate: bool | None = None
     try:
         asset = (manifest or load_manifest()).assets.get(model)
     except ManifestError:
         asset = None
     if asset is not None:
-        multilingual = asset.multilingual
+        multilingual, translate = asset.multilingual, asset.translate
     if multilingual is None:
         multilingual = not model.endswith(".en")
     return Capabilities(
         model=model,
         multilingual=multilingual,
-        translate=multilingual,
+        translate=multilingual and (translate is None or translate),
         diarize=diarization is not None,
     )
