@@ -142,37 +142,47 @@ def refuse_unservable(settings: Settings, need: Need) -> None:
         f"{', diarizes' if capabilities(p).diarize else ''})"
         for p in enabled
     )
-    checks: Sequence[tuple[Callable[[Capabilities], bool], str, str]] = (
+    where = f"; profiles: {described}"
+    checks: Sequence[tuple[Callable[[Capabilities], bool], Refused]] = (
         (
             lambda c: need.model is None or c.model == need.model,
-            "model_not_found",
-            f"no enabled profile serves the model {need.model!r}",
+            Refused(
+                "model_not_found", f"no enabled profile serves the model {need.model!r}{where}"
+            ),
         ),
         (
             lambda c: need.language in (None, "en") or c.multilingual,
-            "unsupported_language",
-            f"language {need.language!r} is not supported: the models that serve this "
-            "request are English-only",
+            Refused(
+                "unsupported_language",
+                f"language {need.language!r} is not supported: the models that serve this "
+                f"request are English-only{where}",
+            ),
         ),
         (
             lambda c: need.task != "translate" or c.translate,
-            "translation_unavailable",
-            "no enabled profile that serves this request translates (English-only models cannot)",
+            Refused(
+                "translation_unavailable",
+                "no enabled profile that serves this request translates (English-only models "
+                f"and large-v3-turbo cannot){where}",
+            ),
         ),
         (
             lambda c: not need.diarize or c.diarize,
-            "diarization_unavailable",
-            "no enabled profile that serves this request diarizes (set `diarization` on a profile)",
+            Refused(
+                "diarization_unavailable",
+                "no enabled profile that serves this request diarizes (set `diarization` on a "
+                f"profile){where}",
+            ),
         ),
     )
     left = [capabilities(p) for p in enabled]
-    for check, code, message in checks:
+    for check, refusal in checks:
         left = [c for c in left if check(c)]
         if not left:
-            raise Refused(code, f"{message}; profiles: {described}")
+            raise refusal
     raise Refused(
         "unsupported_language",
-        f"no enabled profile can detect the language of this request; profiles: {described}",
+        f"no enabled profile can detect the language of this request{where}",
     )
 
 
