@@ -449,14 +449,11 @@ class WhisperXTranscriber:
         if samples.size == 0:
             return _empty(language or "en")
         duration = samples.shape[0] / SAMPLE_RATE
-        if task == "translate" or (
-            word_timestamps and (self._align_model is None or language != "en")
-        ):
+        if word_timestamps and (self._align_model is None or language != "en"):
             # WhisperX's batched pass has no timestamps inside a VAD chunk, and the only
             # alignment model baked in is English (a detected language is not known yet):
             # otherwise faster-whisper's cross-attention word timing on the same resident
             # model is the honest fallback.
-            # A translation also goes this way: WhisperX's pipeline fixes its task at load.
             return self._sequential_with_words(
                 samples,
                 language=language,
@@ -472,11 +469,17 @@ class WhisperXTranscriber:
         if checkpoint is not None:
             # WhisperX reports progress after every batch; its callback is our checkpoint.
             between_batches["progress_callback"] = lambda _percent: checkpoint()
+        if language is None:
+            # WhisperX keeps the last job's tokenizer, and with it that job's language, for a
+            # call without one: drop it so this job's language is detected, not inherited.
+            self._pipeline.tokenizer = None
         try:
             result = self._pipeline.transcribe(
                 samples,
                 batch_size=self._settings.batch_size,
                 language=language,
+                # Always explicit: WhisperX would otherwise keep the last job's task too.
+                task=task,
                 chunk_size=CHUNK_SECONDS,
                 **between_batches,
             )
