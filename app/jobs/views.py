@@ -266,8 +266,11 @@ def _submit_and_wait(model: type[OpenAIForm]) -> Response:
 def _openai_language(transcript: dict[str, Any], task: str) -> dict[str, Any]:
     """The transcript as OpenAI's endpoints name its language: Whisper's full name ("german"),
     and "english" for a translation (the language of its text)."""
-    code = "en" if task == "translate" else transcript.get("language")
-    return {**transcript, "language": language_name(code)}
+    if task == "translate":
+        # The probability was the audio's language's; the answer's language is English.
+        english = {k: v for k, v in transcript.items() if k != "language_probability"}
+        return {**english, "language": language_name("en")}
+    return {**transcript, "language": language_name(transcript.get("language"))}
 
 
 def _sync_answer(
