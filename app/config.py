@@ -80,6 +80,9 @@ class Profile(_Strict):
     max_workers: int = Field(default=1, ge=0, le=1000)
     hourly_cost_eur: float = Field(default=0.0, ge=0)
     enabled: bool = True
+    # The diarization asset set of gpu_worker/models.toml this profile runs, or None: it does
+    # not diarize (gpu_worker/protocol/capabilities.py).
+    diarization: str | None = None
 
     @property
     def queue(self) -> str:
@@ -303,7 +306,9 @@ LOCAL_CPU_PROFILE = Profile(
     provider="local",
     zone="local",
     server_type="local-cpu",
-    model="tiny.en",
+    # Multilingual Whisper base: a first German file just works; tiny.en stays a profile
+    # choice (English only, faster).
+    model="base",
     compute_type="int8",
     vad="silero",
     alignment_device="none",
@@ -654,6 +659,25 @@ def refuse_bad_settings(settings: Settings, *, process: str, role: str) -> None:
         raise StartupRefused(process, problems, role)
 
 
+def _asset_problems(profile: Profile) -> list[str]:
+    """A profile's model and diarization setting against the model manifest."""
+    from gpu_worker.manifest import ManifestError, load_manifest
+
+    try:
+        manifest = load_manifest()
+    except ManifestError as exc:
+        return [f"model: {exc}"]
+    problems = []
+    models = manifest.model_names()
+    if profile.model not in models:
+        problems.append(
+            f"model: unknown model {profile.model!r} (the manifest has: {', '.join(models)})"
+        )
+    if profile.diarization is not None and profile.diarization not in manifest.assets:
+        problems.append(f"diarization: no asset {profile.diarization!r} in gpu_worker/models.toml")
+    return problems
+
+
 def check_settings(settings: Settings, *, role: str = "control") -> list[str]:
     """Every problem that stops this configuration from running safely (empty = fine)."""
     if role not in ROLES:
@@ -663,6 +687,7 @@ def check_settings(settings: Settings, *, role: str = "control") -> list[str]:
         problems.append("profiles: no enabled profile: jobs would have nowhere to run")
     for p in settings.profiles:
         where = f"profiles.{p.name}"
+        problems.extend(f"{where}.{problem}" for problem in _asset_problems(p))
         stype = SERVER_TYPES.get(p.server_type)
         if stype is None:
             problems.append(

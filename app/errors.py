@@ -71,6 +71,11 @@ STATUS: dict[str, int] = {
     "invalid_limit": 400,
     "invalid_format": 400,
     "invalid_response_format": 400,
+    # app/jobs/routing.py: no enabled profile can serve the job (issue 20)
+    "invalid_task": 400,
+    "model_not_found": 400,
+    "translation_unavailable": 400,
+    "diarization_unavailable": 400,
     # app/fleet/readiness.py: a worker whose runtime is not its profile's
     "runtime_mismatch": 409,
     # app/jobs/handover.py: a worker's signed audio URL

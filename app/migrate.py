@@ -19,3 +19,13 @@ def alembic_config(url: str) -> Config:
 
 def upgrade(url: str, revision: str = "head") -> None:
     command.upgrade(alembic_config(url), revision)
+
+
+def head_revision() -> str:
+    """The revision `upgrade(url)` brings a database to (the one head of migrations/)."""
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(alembic_config("")).get_current_head()
+    if head is None:  # pragma: no cover - migrations/ always has revisions
+        raise RuntimeError("migrations/ has no head revision")
+    return head

@@ -15,6 +15,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
     text,
 )
 from sqlalchemy.orm import Mapped, mapped_column
@@ -107,6 +108,15 @@ class Job(Base):
     language: Mapped[str | None] = mapped_column(String(8))
     prompt: Mapped[str | None] = mapped_column(Text)
     word_timestamps: Mapped[bool] = mapped_column(default=False)
+    # What the job asks of a profile (app/jobs/routing.py); None/False on older rows.
+    task: Mapped[str | None] = mapped_column(String(16))  # None: transcribe
+    model: Mapped[str | None] = mapped_column(String(64))  # None: any model
+    diarize: Mapped[bool] = mapped_column(default=False, server_default=false())
+    min_speakers: Mapped[int | None] = mapped_column(Integer)
+    max_speakers: Mapped[int | None] = mapped_column(Integer)
+    # The language the worker detected when none was asked, and its probability.
+    detected_language: Mapped[str | None] = mapped_column(String(16))
+    language_probability: Mapped[float | None] = mapped_column(Float)
     webhook_url: Mapped[str | None] = mapped_column(Text)
     webhook_status: Mapped[str | None] = mapped_column(String(16))
     # Attempts claimed so far, and when the next is due (or the current one's lease ends).

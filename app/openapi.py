@@ -18,6 +18,7 @@ from app.jobs.requests import (
     CancelQuery,
     JobListQuery,
     OpenAITranscriptionForm,
+    OpenAITranslationForm,
     TranscriptQuery,
     UploadForm,
     UrlJob,
@@ -36,6 +37,7 @@ BODY_MODELS: dict[tuple[str, str, str], type[BaseModel]] = {
     ("/v1/jobs", "post", _MULTIPART): UploadForm,
     ("/v1/jobs", "post", "application/json"): UrlJob,
     ("/v1/audio/transcriptions", "post", _MULTIPART): OpenAITranscriptionForm,
+    ("/v1/audio/translations", "post", _MULTIPART): OpenAITranslationForm,
 }
 
 
@@ -133,6 +135,7 @@ def _job_id() -> dict[str, Any]:
 
 def openapi_document() -> dict[str, Any]:
     job_ref = {"$ref": "#/components/schemas/Job"}
+    model_ref = {"$ref": "#/components/schemas/Model"}
     json_job = {"application/json": {"schema": job_ref}}
     idempotency_key = {
         "name": "Idempotency-Key",
@@ -288,6 +291,79 @@ def openapi_document() -> dict[str, Any]:
                     requestBody=_body("/v1/audio/transcriptions", "post"),
                 ),
             },
+            "/v1/audio/translations": {
+                "post": _op(
+                    "OpenAI-compatible synchronous translation to English",
+                    {
+                        "200": {
+                            "description": "The English text in response_format",
+                            "content": {
+                                "application/json": {},
+                                "text/plain": {},
+                                "application/x-subrip": {},
+                                "text/vtt": {},
+                            },
+                        },
+                        "400": _ERROR,
+                        "401": _ERROR,
+                        "408": _ERROR,
+                        "409": _ERROR,
+                        "413": _ERROR,
+                        "415": _ERROR,
+                        "422": _ERROR,
+                        "502": _ERROR,
+                        "503": _ERROR,
+                        "504": _ERROR,
+                    },
+                    parameters=[idempotency_key],
+                    requestBody=_body("/v1/audio/translations", "post"),
+                ),
+            },
+            "/v1/models": {
+                "get": _op(
+                    "OpenAI-compatible list of the models enabled profiles serve, and aliases",
+                    {
+                        "200": {
+                            "description": "The models",
+                            "content": {
+                                "application/json": {
+                                    "schema": {
+                                        "type": "object",
+                                        "required": ["object", "data"],
+                                        "properties": {
+                                            "object": {"type": "string", "enum": ["list"]},
+                                            "data": {"type": "array", "items": model_ref},
+                                        },
+                                    }
+                                }
+                            },
+                        },
+                        "401": _ERROR,
+                    },
+                )
+            },
+            "/v1/models/{model_id}": {
+                "get": _op(
+                    "One model in OpenAI's shape",
+                    {
+                        "200": {
+                            "description": "The model",
+                            "content": {"application/json": {"schema": model_ref}},
+                        },
+                        "400": _ERROR,
+                        "401": _ERROR,
+                        "404": _ERROR,
+                    },
+                    parameters=[
+                        {
+                            "name": "model_id",
+                            "in": "path",
+                            "required": True,
+                            "schema": {"type": "string"},
+                        }
+                    ],
+                )
+            },
             "/healthz": {
                 "get": _op(
                     "Liveness",
@@ -352,6 +428,20 @@ def openapi_document() -> dict[str, Any]:
                         }
                     },
                 },
+                "Model": {
+                    "type": "object",
+                    "required": ["id", "object", "created", "owned_by"],
+                    "properties": {
+                        "id": {"type": "string"},
+                        "object": {"type": "string", "enum": ["model"]},
+                        "created": {"type": "integer"},
+                        "owned_by": {"type": "string"},
+                        "multilingual": {"type": "boolean"},
+                        "translate": {"type": "boolean"},
+                        "diarize": {"type": "boolean"},
+                        "alias_of": {"type": "string"},
+                    },
+                },
                 "Job": {
                     "type": "object",
                     "required": [
@@ -390,7 +480,21 @@ def openapi_document() -> dict[str, Any]:
                         },
                         "size_bytes": {"type": "integer", "nullable": True},
                         "duration_seconds": {"type": "number", "nullable": True},
-                        "language": {"type": "string", "nullable": True},
+                        "language": {
+                            "type": "string",
+                            "nullable": True,
+                            "description": "ISO 639-1: asked for, else detected once done",
+                        },
+                        "language_probability": {
+                            "type": "number",
+                            "nullable": True,
+                            "description": "The detection's probability, when detected",
+                        },
+                        "task": {"type": "string", "enum": ["transcribe", "translate"]},
+                        "model": {"type": "string", "nullable": True},
+                        "diarize": {"type": "boolean"},
+                        "min_speakers": {"type": "integer", "nullable": True},
+                        "max_speakers": {"type": "integer", "nullable": True},
                         "word_timestamps": {"type": "boolean"},
                         "webhook_url": {"type": "string", "nullable": True},
                         "webhook_status": {"type": "string", "nullable": True},

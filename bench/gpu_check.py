@@ -273,6 +273,8 @@ def measure(args: argparse.Namespace) -> int:
     print("wav2vec2-en:", json.dumps(wav2vec2))
     diarization = diarization_check()
     print("diarization:", json.dumps(diarization, indent=2))
+    languages = language_check(facts)
+    print("languages:", json.dumps(languages))
     (args.out / "gpu-check.json").write_text(
         json.dumps(
             {
@@ -280,6 +282,7 @@ def measure(args: argparse.Namespace) -> int:
                 "rows": rows,
                 "wav2vec2": wav2vec2,
                 "diarization": diarization,
+                "languages": languages,
             },
             indent=2,
         )
@@ -330,6 +333,53 @@ def diarization_check() -> list[dict[str, Any]]:
             gc.collect()
             torch.cuda.empty_cache()
     return rows
+def language_check(facts: Any) -> dict[str, Any]:
+    """Issue 20's paths on the GPU: the German sample detected and translated by Whisper base
+    (float16, batched, as a GPU worker would run it), and whether the image's large-v3-turbo
+    files verify (absent outside the image: reported, not fatal)."""
+    from faster_whisper import decode_audio
+
+    from gpu_worker.manifest import (
+        AssetNotInstalled,
+        AssetVerificationError,
+        load_manifest,
+        verify_asset,
+    )
+    from gpu_worker.preflight import run_preflight
+    from gpu_worker.transcriber import load_transcriber
+
+    result: dict[str, Any] = {}
+    try:
+        turbo = verify_asset(load_manifest().asset("large-v3-turbo"))
+        result["large_v3_turbo"] = f"verified, {turbo.bytes_verified} bytes"
+    except (AssetNotInstalled, AssetVerificationError) as exc:
+        result["large_v3_turbo"] = str(exc)
+    environ = {
+        "MURMUR_MODEL": "base",
+        "MURMUR_DEVICE": "cuda",
+        "MURMUR_COMPUTE_TYPE": "float16",
+        "MURMUR_VAD": "silero",
+        "MURMUR_ALIGNMENT_DEVICE": "none",
+        "MURMUR_BATCH_SIZE": "8",
+    }
+    try:
+        preflight = run_preflight(environ, require_identity=False, facts=facts)
+        transcriber = load_transcriber(preflight.profile, preflight.model)
+        german = decode_audio(str(REPO / "samples" / "guten-morgen.wav"))
+        for task in ("transcribe", "translate"):
+            started = time.perf_counter()
+            transcript = transcriber.transcribe(
+                german, language=None, prompt=None, word_timestamps=False, task=task
+            )
+            result[task] = {
+                "seconds": round(time.perf_counter() - started, 3),
+                "language": transcript.language,
+                "language_probability": transcript.language_probability,
+                "text": transcript.text,
+            }
+    except Exception as exc:  # report (a refused preflight too), keep the rest of the check
+        result["error"] = f"{type(exc).__name__}: {exc}"
+    return result
 
 
 def wav2vec2_checksum() -> dict[str, Any]:

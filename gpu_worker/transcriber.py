@@ -22,6 +22,7 @@ from faster_whisper import BatchedInferencePipeline, WhisperModel, decode_audio
 from faster_whisper.transcribe import Segment as WhisperSegment
 
 from gpu_worker.manifest import VerifiedAsset
+from gpu_worker.protocol.capabilities import Task
 from gpu_worker.protocol.transcript import Segment, Transcript, Word, measured
 from gpu_worker.runtime import RuntimeProfile
 from gpu_worker.transcript import join_text, monotonic_words
@@ -70,6 +71,7 @@ class Transcriber(Protocol):
         prompt: str | None,
         word_timestamps: bool,
         checkpoint: Checkpoint | None = None,
+        task: Task = "transcribe",
     ) -> Transcript: ...
 
     def release_memory(self) -> None:
@@ -145,6 +147,20 @@ def _as_array(audio: Audio) -> npt.NDArray[np.float32]:
 
 def _empty(language: str) -> Transcript:
     return Transcript(text="", language=language, duration=0.0, segments=[])
+
+
+def _check_task(task: Task, multilingual: bool, model_name: str) -> None:
+    # The control plane routes translations to multilingual models only; fail closed anyway.
+    if task == "translate" and not multilingual:
+        raise UnsupportedLanguage(f"model {model_name} is English-only: it cannot translate")
+
+
+def _detected_probability(asked: str | None, info: Any) -> float | None:
+    """The detection's probability when the model chose the language, else None."""
+    if asked is not None:
+        return None
+    probability = getattr(info, "language_probability", None)
+    return measured(probability) if probability is not None else None
 
 
 def _check_language(language: str | None, multilingual: bool, model_name: str) -> str | None:
@@ -234,13 +250,17 @@ class FasterWhisperTranscriber:
         prompt: str | None,
         word_timestamps: bool,
         checkpoint: Checkpoint | None = None,
+        task: Task = "transcribe",
     ) -> Transcript:
         samples = _as_array(audio)
-        language = _check_language(language, self.model.model.is_multilingual, self.model_name)
+        multilingual = self.model.model.is_multilingual
+        _check_task(task, multilingual, self.model_name)
+        language = _check_language(language, multilingual, self.model_name)
         if samples.size == 0:
             return _empty(language or "en")
         options: dict[str, Any] = {
             "language": language,
+            "task": task,
             "initial_prompt": prompt or None,
             "beam_size": BEAM_SIZE,
             "word_timestamps": word_timestamps,
@@ -259,6 +279,8 @@ class FasterWhisperTranscriber:
         return Transcript(
             text=join_text(segments),
             language=info.language,
+            language_probability=_detected_probability(language, info),
+            task=task,
             duration=float(info.duration),
             segments=segments,
         )
@@ -282,6 +304,8 @@ class FasterWhisperTranscriber:
         """Long audio, one bounded window at a time (WINDOW_SECONDS), checked between windows."""
         collected: list[WhisperSegment] = []
         detected: str | None = None
+        probability: float | None = None
+        asked = options["language"]
         bounds = window_bounds(
             samples,
             window=int(WINDOW_SECONDS * SAMPLE_RATE),
@@ -304,6 +328,7 @@ class FasterWhisperTranscriber:
             if detected is None and (found or options["language"] is not None):
                 # The language found in the first speech holds for the rest, as in one call.
                 detected = info.language
+                probability = _detected_probability(asked, info)
                 options = {**options, "language": detected}
             offset, limit = start / SAMPLE_RATE, end / SAMPLE_RATE
             collected.extend(shifted(piece, offset, limit) for piece in found)
@@ -311,6 +336,8 @@ class FasterWhisperTranscriber:
         return Transcript(
             text=join_text(segments),
             language=detected or info.language,
+            language_probability=probability,
+            task=options["task"],
             duration=samples.shape[0] / SAMPLE_RATE,
             segments=segments,
         )
@@ -426,8 +453,10 @@ class WhisperXTranscriber:
         prompt: str | None,
         word_timestamps: bool,
         checkpoint: Checkpoint | None = None,
+        task: Task = "transcribe",
     ) -> Transcript:
         samples = _as_array(audio)
+        _check_task(task, not self._english_only, self.model_name)
         language = _check_language(language, not self._english_only, self.model_name)
         if samples.size == 0:
             return _empty(language or "en")
@@ -438,7 +467,12 @@ class WhisperXTranscriber:
             # otherwise faster-whisper's cross-attention word timing on the same resident
             # model is the honest fallback.
             return self._sequential_with_words(
-                samples, language=language, prompt=prompt, checkpoint=checkpoint
+                samples,
+                language=language,
+                prompt=prompt,
+                checkpoint=checkpoint,
+                task=task,
+                word_timestamps=word_timestamps,
             )
 
         # The prompt lives in the pipeline's options; set it per job, reset it after.
@@ -447,11 +481,17 @@ class WhisperXTranscriber:
         if checkpoint is not None:
             # WhisperX reports progress after every batch; its callback is our checkpoint.
             between_batches["progress_callback"] = lambda _percent: checkpoint()
+        if language is None:
+            # WhisperX keeps the last job's tokenizer, and with it that job's language, for a
+            # call without one: drop it so this job's language is detected, not inherited.
+            self._pipeline.tokenizer = None
         try:
             result = self._pipeline.transcribe(
                 samples,
                 batch_size=self._settings.batch_size,
                 language=language,
+                # Always explicit: WhisperX would otherwise keep the last job's task too.
+                task=task,
                 chunk_size=CHUNK_SECONDS,
                 **between_batches,
             )
@@ -476,7 +516,12 @@ class WhisperXTranscriber:
             for index, raw in enumerate(raw_segments)
         ]
         return Transcript(
-            text=join_text(segments), language=detected, duration=duration, segments=segments
+            text=join_text(segments),
+            language=detected,
+            # WhisperX's batched pass does not report the detection's probability.
+            task=task,
+            duration=duration,
+            segments=segments,
         )
 
     def _sequential_with_words(
@@ -486,13 +531,16 @@ class WhisperXTranscriber:
         language: str | None,
         prompt: str | None,
         checkpoint: Checkpoint | None,
+        task: Task = "transcribe",
+        word_timestamps: bool = True,
     ) -> Transcript:
         pieces, info = self._pipeline.model.transcribe(
             samples,
             language=language,
+            task=task,
             initial_prompt=prompt or None,
             beam_size=BEAM_SIZE,
-            word_timestamps=True,
+            word_timestamps=word_timestamps,
             vad_filter=True,
             condition_on_previous_text=False,
         )
@@ -500,6 +548,8 @@ class WhisperXTranscriber:
         return Transcript(
             text=join_text(segments),
             language=info.language,
+            language_probability=_detected_probability(language, info),
+            task=task,
             duration=float(info.duration),
             segments=segments,
         )

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import requests
 
@@ -377,25 +377,7 @@ def demo(files: list[str]) -> int:
         print(api_token_notice(env, os.environ, url)[0], flush=True)
         for name in files:
             path = Path(name)
-            with path.open("rb") as fh:
-                response = requests.post(
-                    f"{url}/v1/jobs", headers=headers, files={"file": (path.name, fh)}, timeout=60
-                )
-            response.raise_for_status()
-            job = response.json()
-            print(
-                f"submitted {path.name} as {job['id']} ({job['duration_seconds']:.1f} s)",
-                flush=True,
-            )
-            deadline = time.monotonic() + 300
-            while job["status"] not in ("succeeded", "failed", "cancelled"):
-                if time.monotonic() > deadline:
-                    raise SystemExit(f"{job['id']} still {job['status']} after 300 s")
-                stack.check_alive()
-                time.sleep(0.5)
-                job = requests.get(f"{url}/v1/jobs/{job['id']}", headers=headers, timeout=10).json()
-            if job["status"] != "succeeded":
-                raise SystemExit(f"{job['id']} {job['status']}: {job['error']}")
+            job = _demo_job(stack, url, headers, path)
             text = requests.get(
                 f"{url}/v1/jobs/{job['id']}/transcript",
                 params={"format": "txt"},
@@ -404,13 +386,59 @@ def demo(files: list[str]) -> int:
             ).text
             print(
                 f"\n--- transcript of {path.name} (profile {job['profile']}, "
-                f"{job['processing_seconds']:.2f} s) ---\n{text.strip()}\n",
+                f"{job['processing_seconds']:.2f} s, language {_language(job)}) ---\n"
+                f"{text.strip()}\n",
                 flush=True,
             )
+            if job["language"] not in (None, "en"):
+                # Not English: show Whisper's translation to English too (task=translate).
+                translated = _demo_job(stack, url, headers, path, task="translate")
+                print(
+                    f"--- translated to English ({translated['processing_seconds']:.2f} s) ---\n"
+                    f"{translated['text'].strip()}\n",
+                    flush=True,
+                )
         live = _wait_for_empty_fleet(env, timeout=60)
     # Printed once the stack has stopped, so the control worker's last lines come first.
     print(f"fleet: {live} live worker(s) left after the idle timeout", flush=True)
     return 0 if live == 0 else 1
+
+
+def _language(job: dict[str, Any]) -> str:
+    probability = job.get("language_probability")
+    detected = f", detected with p={probability:.2f}" if probability is not None else ""
+    return f"{job['language']}{detected}"
+
+
+def _demo_job(
+    stack: Stack, url: str, headers: dict[str, str], path: Path, **fields: str
+) -> dict[str, Any]:
+    """Submit `path` as a job with `fields` and wait (bounded) for it to succeed."""
+    with path.open("rb") as fh:
+        response = requests.post(
+            f"{url}/v1/jobs",
+            headers=headers,
+            files={"file": (path.name, fh)},
+            data=fields,
+            timeout=60,
+        )
+    response.raise_for_status()
+    job: dict[str, Any] = response.json()
+    print(
+        f"submitted {path.name} as {job['id']} ({job['duration_seconds']:.1f} s"
+        f"{', ' + ', '.join(f'{k}={v}' for k, v in fields.items()) if fields else ''})",
+        flush=True,
+    )
+    deadline = time.monotonic() + 300
+    while job["status"] not in ("succeeded", "failed", "cancelled"):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{job['id']} still {job['status']} after 300 s")
+        stack.check_alive()
+        time.sleep(0.5)
+        job = requests.get(f"{url}/v1/jobs/{job['id']}", headers=headers, timeout=10).json()
+    if job["status"] != "succeeded":
+        raise SystemExit(f"{job['id']} {job['status']}: {job['error']}")
+    return job
 
 
 def _wait_for_empty_fleet(env: dict[str, str], timeout: float) -> int:

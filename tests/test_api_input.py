@@ -136,8 +136,13 @@ def test_invalid_language(client: Any) -> None:
     assert "ISO 639-1" in message
 
 
-def test_language_the_english_only_model_cannot_do(client: Any) -> None:
-    message = error_of(upload(client, language="fr"), 400, "unsupported_language")
+def test_language_the_english_only_model_cannot_do(settings: Any, db: Database) -> None:
+    from app.factory import create_app
+
+    profile = settings.profiles[0].model_copy(update={"model": "tiny.en"})
+    english_only = create_app(settings.model_copy(update={"profiles": (profile,)}), db=db)
+    refused = upload(english_only.test_client(), language="fr")
+    message = error_of(refused, 400, "unsupported_language")
     assert "English-only" in message
 
 

@@ -124,7 +124,9 @@ def test_every_output_format(live_api: LiveApi, start_worker: Any) -> None:
     assert wait_job(live_api, job["id"])["status"] == "succeeded"
 
     body = transcript(live_api, job["id"], "json").json()
-    assert set(body) == {"text"} and "fox" in body["text"].lower()
+    # The text and its language, detected here (no language was given): with its probability.
+    assert set(body) == {"text", "language", "language_probability"}
+    assert "fox" in body["text"].lower() and body["language"] == "en"
 
     verbose = transcript(live_api, job["id"], "verbose_json").json()
     assert verbose["duration"] == pytest.approx(6.6, abs=0.2)

@@ -33,6 +33,7 @@ from gpu_worker.protocol.environment import (
     COMPUTE_TYPE_VAR,
     CONTROL_URL_VAR,
     DEVICE_VAR,
+    DIARIZATION_VAR,
     DRAIN_TIMEOUT_VAR,
     IMAGE_PULL_SECONDS_VAR,
     INSTANCE_ID_VAR,
@@ -94,6 +95,8 @@ def worker_environment(
         VAD_VAR: profile.vad,
         ALIGNMENT_DEVICE_VAR: profile.alignment_device,
         BATCH_SIZE_VAR: str(profile.batch_size),
+        # The diarization weight set the profile names (absent: the worker does not diarize).
+        **({DIARIZATION_VAR: profile.diarization} if profile.diarization else {}),
         OBSERVABILITY_ENABLED_VAR: "1" if settings.observability.enabled else "0",
         REPORT_INTERVAL_VAR: str(settings.observability.report_interval_seconds),
         **_sentinel_broker(settings, broker_url),

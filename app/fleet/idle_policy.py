@@ -25,6 +25,7 @@ from app.fleet.plan_records import (
     Round,
     Tally,
     idle_ref,
+    waits_for,
 )
 from app.models import WorkerState
 
@@ -39,7 +40,7 @@ def retire(r: Round) -> None:
     for name, t in r.tallies.items():
         prof = r.profiles.get(name)
         usable = prof is not None and prof.enabled
-        retire_unneeded_boots(r, t, usable)
+        retire_unneeded_boots(r, name, t, usable)
         starting_free = sum(
             1 for w in t.workers if w.state in SERVING and w.state != READY and not w.busy
         )
@@ -60,7 +61,7 @@ def retire(r: Round) -> None:
                 r.teardown.append(
                     Delete(w.id, "profile disabled" if prof is not None else "profile removed")
                 )
-            elif r.waiting == 0 or name not in r.reached:
+            elif not waits_for(r, name) or name not in r.reached:
                 limit, rule = idle_limit(r, prof)
                 if r.state.now - idle_ref(w) >= limit:
                     r.teardown.append(Delete(w.id, "idle", rule=rule))
@@ -90,7 +91,7 @@ def idle_limit(r: Round, prof: ProfileSnapshot | None) -> tuple[timedelta, str]:
     )
 
 
-def retire_unneeded_boots(r: Round, t: Tally, usable: bool) -> None:
+def retire_unneeded_boots(r: Round, name: str, t: Tally, usable: bool) -> None:
     """Free booting workers beyond the jobs on their queue go (the oldest, nearest to ready,
     stay). While jobs wait unassigned a free booting worker takes one next round, so all stay;
     a disabled profile's worker gets none of them."""
@@ -99,7 +100,7 @@ def retire_unneeded_boots(r: Round, t: Tally, usable: bool) -> None:
         (w for w in t.workers if w.state == WorkerState.BOOTING.value and not w.busy),
         key=lambda w: (w.requested_at, w.id),
     )
-    if r.waiting != 0 and usable:
+    if usable and waits_for(r, name):
         return
     wanted = max(0, t.dispatched - free_ready_count)
     if len(booting_free) > wanted:

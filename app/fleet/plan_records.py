@@ -8,7 +8,7 @@ composes into one pure `plan_fleet`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -254,6 +254,10 @@ class FleetState:
     waiting_jobs: tuple[WaitingJob, ...] = ()
     # Jobs submitted within rules.arrival_window (app/fleet/idle_policy.py); None: unknown.
     recent_arrivals: int | None = None
+    # Jobs (queued, or active and liable to re-route) that only some profiles can serve: job
+    # id -> those profiles' names (language, task, model, diarize; computed outside the planner
+    # by app/jobs/routing.py). A job not listed may go to any profile.
+    routes: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -402,6 +406,8 @@ class Round:
     unmet: int = 0  # jobs that still need a new worker
     provisions_left: int = 0
     decisions: list[str] = field(default_factory=list)
+    # Of the waiting jobs, those only some profiles serve: their profiles' names.
+    restricted_left: list[frozenset[str]] = field(default_factory=list)
 
     @classmethod
     def start(cls, state: FleetState) -> Round:
@@ -468,3 +474,16 @@ def short_reason(reason: str | None) -> str | None:
     if not reason:
         return None
     return reason.split(":", 1)[0][:64]
+
+
+def serves(state: FleetState, job_id: str, profile: str) -> bool:
+    """Whether `profile` can serve the job (its language, task, model, diarization)."""
+    allowed = state.routes.get(job_id)
+    return allowed is None or profile in allowed
+
+
+def waits_for(r: Round, profile: str) -> bool:
+    """Whether a job still waiting for a worker slot could go to `profile`."""
+    if r.waiting - len(r.restricted_left) > 0:
+        return True
+    return any(profile in allowed for allowed in r.restricted_left)

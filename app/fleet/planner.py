@@ -49,6 +49,7 @@ from app.fleet.plan_records import (
     WorkerSnapshot,
     availability,
     can_grow,
+    serves,
     short_reason,
     stock_detail,
 )
@@ -170,30 +171,54 @@ def _dispatch(r: Round) -> None:
     r.waiting = state.queued + len(r.requeues)
     pool = list(dict.fromkeys([q.job_id for q in r.requeues] + list(state.dispatchable)))
     dispatch_left = state.rules.max_dispatch
-    preferred_open = False  # a profile before this one could still get a worker
+    # Earlier profiles that could still get a worker (or are held): a job one of them can
+    # serve prefers it, so here only workers still starting take it.
+    open_before: list[str] = []
     for p, t in r.enabled():
         free = sum(1 for w in t.workers if w.state in SERVING and not w.busy) - t.dispatched
-        if preferred_open:
+        booting = sum(1 for w in t.workers if w.state in SERVING - {READY} and not w.busy)
+        if open_before:
             # Jobs already on its queue go to its ready workers first.
-            booting = sum(1 for w in t.workers if w.state in SERVING - {READY} and not w.busy)
-            free = min(free, booting)
+            booting = min(free, booting)
         else:
             r.reached.add(p.name)
-        n = max(0, min(free, len(pool), dispatch_left))
-        r.dispatches.extend(Dispatch(job_id, p.name) for job_id in pool[:n])
-        del pool[:n]
+        taken: list[str] = []
+        for job_id in pool:
+            if len(taken) >= min(free, dispatch_left):
+                break
+            if not serves(state, job_id, p.name):
+                continue
+            if any(serves(state, job_id, q) for q in open_before):
+                if booting <= 0:
+                    continue
+                booting -= 1
+            taken.append(job_id)
+        n = len(taken)
+        r.dispatches.extend(Dispatch(job_id, p.name) for job_id in taken)
+        if n:
+            chosen = set(taken)
+            pool = [job_id for job_id in pool if job_id not in chosen]
         dispatch_left -= n
         r.waiting -= n
         t.dispatched += n
         # Slots left free only because this round offered no more ids: they take jobs next
         # round, so nobody provisions a worker for those jobs.
-        r.spare_slots += max(0, free - n)
-        preferred_open = (
-            preferred_open
-            or can_grow(p, t, r.current_eur, state.rules, state.now)
+        offered = min(free, booting + n) if open_before else free
+        r.spare_slots += max(0, offered - n)
+        if (
+            can_grow(p, t, r.current_eur, state.rules, state.now)
             or availability(p, state.now) == "held"
-        )
+        ):
+            open_before.append(p.name)
     r.waiting = max(0, r.waiting)
+    if state.routes:
+        active = {j.id for j in state.active_jobs} - {q.job_id for q in r.requeues}
+        dispatched = {d.job_id for d in r.dispatches}
+        r.restricted_left = [
+            allowed
+            for job_id, allowed in state.routes.items()
+            if job_id not in active and job_id not in dispatched
+        ][: r.waiting]
 
 
 def _orphans(state: FleetState) -> list[Action]:

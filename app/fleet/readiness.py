@@ -65,6 +65,13 @@ def runtime_mismatches(profile: Profile, runtime: ReadinessRuntime) -> list[str]
             problems.append(
                 f"{name}: worker runs {got!r}, profile {profile.name} requires {expected!r}"
             )
+    if runtime.diarization != profile.diarization:
+        # Routing sends diarize jobs by the profile's setting: the worker must have loaded
+        # exactly those weights, and a worker that diarizes unasked would run unpinned work.
+        problems.append(
+            f"diarization: worker loaded {runtime.diarization or 'none'}, profile "
+            f"{profile.name} requires {profile.diarization or 'none'}"
+        )
     if runtime.profile is not None and runtime.profile != profile.name:
         problems.append(f"profile: worker runs {runtime.profile!r}, expected {profile.name!r}")
 

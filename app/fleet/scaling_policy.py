@@ -169,7 +169,11 @@ def provision_waiting(r: Round) -> None:
     if r.state.waiting_jobs:
         _provision_by_work(r)
         return
-    r.unmet = max(0, r.waiting - r.spare_slots)
+    restricted = list(r.restricted_left)
+    # Spare slots take the jobs any profile may serve; the others need their own profiles.
+    anywhere = max(0, r.waiting - len(restricted) - r.spare_slots)
+    r.unmet = anywhere + len(restricted)
+    stuck = 0  # jobs that wait for a held profile that could serve them
     for p in r.state.profiles:
         if r.unmet == 0:
             break
@@ -180,17 +184,33 @@ def provision_waiting(r: Round) -> None:
             continue
         if t.status == "held":
             r.held_back.append(held_reason(p))
-            break
+            # What it could serve waits for it; jobs only later profiles serve walk on.
+            kept = [allowed for allowed in restricted if p.name not in allowed]
+            stuck += anywhere + len(restricted) - len(kept)
+            anywhere, restricted = 0, kept
+            r.unmet = len(restricted)
+            if not restricted:
+                break
+            continue
         room = p.max_workers - t.live - t.new
         if room <= 0:
             r.held_back.append(f"{p.name}: at max_workers ({p.max_workers})")
             continue
-        added = add_workers(r, p, min(room, r.unmet), "one worker per waiting job")
-        r.unmet -= added
+        servable = [i for i, allowed in enumerate(restricted) if p.name in allowed]
+        demand = anywhere + len(servable)
+        if demand == 0:
+            continue
+        added = add_workers(r, p, min(room, demand), "one worker per waiting job")
+        # The new workers go to the jobs with the fewest choices first.
+        covered = set(servable[:added])
+        restricted = [allowed for i, allowed in enumerate(restricted) if i not in covered]
+        anywhere -= added - len(covered)
+        r.unmet = anywhere + len(restricted)
         if r.provisions_left == 0 and r.unmet > 0:
             break
         if r.unmet > 0 and added == room:
             r.held_back.append(f"{p.name}: at max_workers ({p.max_workers})")
+    r.unmet += stuck
     if r.unmet > 0:
         r.held_back.append(f"{r.unmet} job(s) waiting with no worker slot")
 
@@ -204,6 +224,7 @@ def _provision_by_work(r: Round) -> None:
     dispatched = {d.job_id for d in r.dispatches}
     left = [j for j in state.waiting_jobs if j.id not in dispatched]
     spare = r.spare_slots
+    stuck = 0  # jobs that wait for a held profile that could serve them
     for p in state.profiles:
         mine = [j for j in left if not j.profiles or p.name in j.profiles]
         if not mine:
@@ -215,7 +236,12 @@ def _provision_by_work(r: Round) -> None:
             continue
         if t.status == "held":
             r.held_back.append(held_reason(p))
-            break
+            # What it could serve waits for it; jobs only later profiles serve walk on.
+            stuck += len(mine)
+            left = [j for j in left if j not in mine]
+            if not left:
+                break
+            continue
         room = p.max_workers - t.live - t.new
         boot = profile_boot(p, rules)
         if p.speed is None or p.speed <= 0 or any(j.audio_seconds is None for j in mine):
@@ -238,7 +264,7 @@ def _provision_by_work(r: Round) -> None:
         left = [j for j in left if j.id not in keep]
         if not left or r.provisions_left == 0:
             break
-    r.unmet = len(left)
+    r.unmet = len(left) + stuck
     if left:
         r.held_back.append(f"{len(left)} job(s) would wait past the target with no worker slot")
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from sqlalchemy import Row, func, select
 
+from app.config import Settings
 from app.db import as_utc
 from app.fleet.learned import Learned, read_learned
 from app.fleet.planner import (
@@ -30,6 +31,7 @@ from app.fleet.planner import (
 from app.fleet.providers.base import Instance, ProviderError
 from app.fleet.rules import fleet_rules
 from app.fleet.service import queue_depths
+from app.jobs import routing
 from app.models import (
     LIVE_WORKER_STATES,
     SEEN_STARTING_AT,
@@ -42,6 +44,7 @@ from app.models import (
 )
 from app.observability.store import last_reports
 from app.services import Services
+from gpu_worker.protocol.capabilities import Need
 
 log = logging.getLogger("murmur.fleet")
 
@@ -71,6 +74,7 @@ def read_snapshot(
     db = _read_rows(svc, rules)
     learned = read_learned(svc.db, svc.redis, now)
     instances, known = _inventory(svc, db.workers)
+    routes = _routes(svc.settings, db.needs)
     state = FleetState(
         now=now,
         rules=rules,
@@ -107,12 +111,35 @@ def read_snapshot(
             for a in db.active
         ),
         waiting_jobs=tuple(
-            WaitingJob(id=w.id, submitted_at=as_utc(w.created_at) or now, audio_seconds=w.duration)
+            WaitingJob(
+                id=w.id,
+                submitted_at=as_utc(w.created_at) or now,
+                audio_seconds=w.duration,
+                profiles=tuple(sorted(routes.get(w.id, ()))),
+            )
             for w in db.waiting
         ),
         recent_arrivals=learned.arrivals,
+        routes=routes,
     )
     return Snapshot(state=state, instances=instances)
+
+
+def _routes(settings: Settings, needs: Sequence[Any]) -> dict[str, frozenset[str]]:
+    """The jobs only some profiles can serve, and which (app/jobs/routing.py); oldest first."""
+    everyone = frozenset(p.name for p in settings.profiles)
+    routes: dict[str, frozenset[str]] = {}
+    for job_id, language, task, model, diarize in needs:
+        need = Need(
+            language=language,
+            task="translate" if task == "translate" else "transcribe",
+            model=model,
+            diarize=bool(diarize),
+        )
+        allowed = frozenset(p.name for p in routing.serving(settings.profiles, need))
+        if allowed != everyone:
+            routes[job_id] = allowed
+    return routes
 
 
 @dataclass(frozen=True)
@@ -129,6 +156,8 @@ class _Rows:
     # started_at)
     active: Sequence[Any]
     waiting: Sequence[Any]  # the oldest queued jobs: rows of (id, duration, created_at)
+    # (id, language, task, model, diarize) of the oldest queued jobs and the active sample
+    needs: Sequence[Any] = ()
 
 
 def _read_rows(svc: Services, rules: FleetRules) -> _Rows:
@@ -185,8 +214,33 @@ def _read_rows(svc: Services, rules: FleetRules) -> _Rows:
             if queued
             else []
         )
+        needs: list[Any] = []
+        if queued or active:
+            # What the jobs the plan may place ask of a profile (a bounded sample, oldest
+            # first): the waiting ones, whoever serves them, and the active ones it may
+            # re-route.
+            columns = (Job.id, Job.language, Job.task, Job.model, Job.diarize)
+            needs.extend(
+                s.execute(
+                    select(*columns)
+                    .where(queued_ready)
+                    .order_by(Job.created_at, Job.id)
+                    .limit(rules.max_dispatch)
+                ).all()
+            )
+            if active:
+                ids = [a.id for a in active]
+                needs.extend(s.execute(select(*columns).where(Job.id.in_(ids))).all())
     return _Rows(
-        learned, rows, counts, int(queued or 0), oldest, tuple(dispatchable), active, waiting
+        learned,
+        rows,
+        counts,
+        int(queued or 0),
+        oldest,
+        tuple(dispatchable),
+        active,
+        waiting,
+        needs,
     )
 
 

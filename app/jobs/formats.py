@@ -156,8 +156,14 @@ def to_txt(transcript: dict[str, Any]) -> str:
 
 
 def to_json(transcript: dict[str, Any]) -> dict[str, Any]:
-    """`{"text"}`; a diarized transcript adds its speakers and their segments."""
-    body: dict[str, Any] = {"text": transcript.get("text", "")}
+    """`{"text", "language"}`; a diarized transcript adds its speakers and their segments."""
+    # The text, and the language: asked for, or detected (then with its probability).
+    body: dict[str, Any] = {
+        "text": transcript.get("text", ""),
+        "language": transcript.get("language"),
+    }
+    if transcript.get("language_probability") is not None:
+        body["language_probability"] = transcript["language_probability"]
     if transcript.get("speakers"):
         body["speakers"] = list(transcript["speakers"])
         body["segments"] = [
@@ -226,13 +232,15 @@ def to_verbose_json(transcript: dict[str, Any], *, words: bool = True) -> dict[s
             if _speaker(w):
                 all_words[-1]["speaker"] = _speaker(w)
     body: dict[str, Any] = {
-        "task": "transcribe",
+        "task": transcript.get("task") or "transcribe",
         "language": transcript.get("language", ""),
         "duration": transcript.get("duration", 0.0),
         "text": transcript.get("text", ""),
         "segments": segments,
         "usage": {"type": "duration", "seconds": round(_seconds(transcript.get("duration")))},
     }
+    if transcript.get("language_probability") is not None:
+        body["language_probability"] = transcript["language_probability"]
     if words and all_words:
         body["words"] = all_words
     if transcript.get("speakers"):

@@ -37,6 +37,10 @@ def handed_over(settings: Settings, store: AudioStore, job: Job, now: datetime) 
         language=job.language,
         prompt=job.prompt,
         word_timestamps=job.word_timestamps,
+        task="translate" if job.task == "translate" else "transcribe",
+        diarize=bool(job.diarize),
+        min_speakers=job.min_speakers,
+        max_speakers=job.max_speakers,
         duration_seconds=job.duration_seconds,
         # The worker stops decoding past this (gpu_worker/audio.py), whatever the file
         # claims: the probe's count is one defence, this is the second.

@@ -20,7 +20,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Literal, TypeVar, get_args, get_origin
+from typing import (
+    TYPE_CHECKING,
+    Annotated,
+    Any,
+    ClassVar,
+    Literal,
+    TypeVar,
+    get_args,
+    get_origin,
+)
 
 from pydantic import (
     AfterValidator,
@@ -43,12 +52,17 @@ from app.jobs.slow_work import probe_slot
 from app.languages import WHISPER_LANGUAGES, is_english_only
 from app.models import JobStatus
 from app.urls import check_url
+from gpu_worker.protocol.capabilities import MAX_SPEAKERS, MIN_SPEAKERS, TASKS, Need, Task
 
 # The multipart part that carries the audio: a file, not a form field, so no model holds it.
 UPLOAD_PART = "file"
 PROMPT_CHARS = 2000
 OpenAIFormat = Literal["json", "text", "srt", "vtt", "verbose_json"]
 OPENAI_FORMATS: tuple[str, ...] = get_args(OpenAIFormat)
+# Transcriptions also answer OpenAI's diarized shape (with a diarizing profile).
+OpenAITranscriptionFormat = Literal["json", "text", "srt", "vtt", "verbose_json", "diarized_json"]
+OPENAI_TRANSCRIPTION_FORMATS: tuple[str, ...] = get_args(OpenAITranscriptionFormat)
+MODEL_CHARS = 64
 Granularity = Literal["word", "segment"]
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off", ""})
@@ -219,14 +233,59 @@ SourceUrl = Annotated[
 ]
 
 
+TaskField = Annotated[
+    Task,
+    BeforeValidator(lambda value: value or "transcribe"),
+    OnError(lambda error: Refused("invalid_task", f"task must be one of {', '.join(TASKS)}")),
+]
+ModelName = Annotated[
+    Annotated[str, StringConstraints(max_length=MODEL_CHARS)] | None,
+    BeforeValidator(_empty_is_none),
+    OnError(
+        lambda error: Refused(
+            "invalid_parameter", f"model must be a string of at most {MODEL_CHARS} characters"
+        )
+    ),
+]
+Speakers = Annotated[
+    int | None,
+    Field(strict=True, ge=MIN_SPEAKERS, le=MAX_SPEAKERS),
+    BeforeValidator(lambda value: _int_text(_empty_is_none(value))),
+    OnError(
+        lambda error: Refused(
+            "invalid_parameter",
+            f"{error['loc'][0]} must be an integer from {MIN_SPEAKERS} to {MAX_SPEAKERS}",
+        )
+    ),
+]
+
+
 @dataclass(frozen=True)
 class JobOptions:
-    """A new job's checked options, whichever request carried them."""
+    """A new job's checked options, whichever request carried them. `model` is the name the
+    request gave; app/jobs/routing.py resolves it (`whisper-1` and the diarizing alias)."""
 
     language: str | None
     prompt: str | None
     word_timestamps: bool
     webhook_url: str | None
+    task: Task = "transcribe"
+    model: str | None = None
+    diarize: bool = False
+    min_speakers: int | None = None
+    max_speakers: int | None = None
+
+    def need(self) -> Need:
+        return Need(language=self.language, task=self.task, model=self.model, diarize=self.diarize)
+
+
+def _speaker_bounds(diarize: bool, low: int | None, high: int | None) -> None:
+    """min_speakers <= max_speakers (both bound diarization only: without diarize=true they
+    are kept and change nothing)."""
+    if low is not None and high is not None and low > high:
+        raise Refused(
+            "invalid_parameter", f"min_speakers ({low}) is more than max_speakers ({high})"
+        )
 
 
 # -- the requests -----------------------------------------------------------------------------
@@ -246,7 +305,41 @@ class _Request(BaseModel):
         return data
 
 
-class UploadForm(_Request):
+class _JobFields(_Request):
+    """What POST /v1/jobs takes beside its audio, as a form or as JSON (the subclasses declare
+    the fields, each in its own order: pydantic would put fields declared here first)."""
+
+    if TYPE_CHECKING:
+        language: str | None
+        prompt: str | None
+        word_timestamps: bool
+        webhook_url: str | None
+        task: Task
+        model: str | None
+        diarize: bool
+        min_speakers: int | None
+        max_speakers: int | None
+
+    @model_validator(mode="after")
+    def _speakers(self) -> _JobFields:
+        _speaker_bounds(self.diarize, self.min_speakers, self.max_speakers)
+        return self
+
+    def options(self) -> JobOptions:
+        return JobOptions(
+            language=self.language,
+            prompt=self.prompt,
+            word_timestamps=self.word_timestamps,
+            webhook_url=self.webhook_url,
+            task=self.task,
+            model=self.model,
+            diarize=self.diarize,
+            min_speakers=self.min_speakers,
+            max_speakers=self.max_speakers,
+        )
+
+
+class UploadForm(_JobFields):
     """POST /v1/jobs as multipart/form-data: the form fields beside the audio part."""
 
     unknown_names: ClassVar[str] = "form field(s)"
@@ -254,12 +347,14 @@ class UploadForm(_Request):
     prompt: Prompt = None
     word_timestamps: Flag = False
     webhook_url: WebhookUrl = None
+    task: TaskField = "transcribe"
+    model: ModelName = None
+    diarize: Flag = False
+    min_speakers: Speakers = None
+    max_speakers: Speakers = None
 
-    def options(self) -> JobOptions:
-        return JobOptions(self.language, self.prompt, self.word_timestamps, self.webhook_url)
 
-
-class UrlJob(_Request):
+class UrlJob(_JobFields):
     """POST /v1/jobs as application/json: a job for the audio at `url`."""
 
     url: SourceUrl
@@ -267,22 +362,25 @@ class UrlJob(_Request):
     prompt: Prompt = None
     word_timestamps: Flag = False
     webhook_url: WebhookUrl = None
-
-    def options(self) -> JobOptions:
-        return JobOptions(self.language, self.prompt, self.word_timestamps, self.webhook_url)
+    task: TaskField = "transcribe"
+    model: ModelName = None
+    diarize: Flag = False
+    min_speakers: Speakers = None
+    max_speakers: Speakers = None
 
 
 class OpenAITranscriptionForm(_Request):
     """POST /v1/audio/transcriptions: OpenAI's form fields beside the audio part."""
 
     unknown_names: ClassVar[str] = "form field(s)"
+    task: ClassVar[Task] = "transcribe"
     response_format: Annotated[
-        OpenAIFormat,
+        OpenAITranscriptionFormat,
         BeforeValidator(lambda value: value or "json"),
         OnError(
             lambda error: Refused(
                 "invalid_response_format",
-                f"response_format must be one of {', '.join(OPENAI_FORMATS)}",
+                f"response_format must be one of {', '.join(OPENAI_TRANSCRIPTION_FORMATS)}",
             )
         ),
     ] = "json"
@@ -297,14 +395,62 @@ class OpenAITranscriptionForm(_Request):
     ] = []
     language: Language = None
     prompt: Prompt = None
-    # Accepted for OpenAI clients that send them, and ignored: one model serves each profile.
-    model: str | None = None
+    # A model GET /v1/models lists: it picks the profiles that serve it (app/jobs/routing.py).
+    model: ModelName = None
+    # Accepted for OpenAI clients that send them, and ignored: Murmur chooses the decoding
+    # temperatures and chunks the audio itself (the SDK sends chunking_strategy="auto" with
+    # the diarizing model).
     temperature: str | None = None
     stream: str | None = None
+    chunking_strategy: str | None = None
 
     def options(self) -> JobOptions:
         words = "word" in self.timestamp_granularities
-        return JobOptions(self.language, self.prompt, words, None)
+        return JobOptions(
+            language=self.language,
+            prompt=self.prompt,
+            word_timestamps=words,
+            webhook_url=None,
+            task=self.task,
+            model=self.model,
+            # OpenAI's diarized shape needs speakers; the diarizing model alias asks for them
+            # too (app/jobs/routing.py resolves it).
+            diarize=self.response_format == "diarized_json",
+        )
+
+
+class OpenAITranslationForm(_Request):
+    """POST /v1/audio/translations: OpenAI's form fields beside the audio part (to English;
+    OpenAI's translation takes no language)."""
+
+    unknown_names: ClassVar[str] = "form field(s)"
+    task: ClassVar[Task] = "translate"
+    response_format: Annotated[
+        OpenAIFormat,
+        BeforeValidator(lambda value: value or "json"),
+        OnError(
+            lambda error: Refused(
+                "invalid_response_format",
+                f"response_format must be one of {', '.join(OPENAI_FORMATS)}",
+            )
+        ),
+    ] = "json"
+    prompt: Prompt = None
+    model: ModelName = None
+    temperature: str | None = None
+
+    # The sync answer reads these as it does a transcription's.
+    timestamp_granularities: ClassVar[list[str]] = []
+
+    def options(self) -> JobOptions:
+        return JobOptions(
+            language=None,
+            prompt=self.prompt,
+            word_timestamps=False,
+            webhook_url=None,
+            task=self.task,
+            model=self.model,
+        )
 
 
 class JobListQuery(BaseModel):

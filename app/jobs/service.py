@@ -28,6 +28,7 @@ from app.config import Settings
 from app.db import Database, as_utc
 from app.errors import Refused
 from app.inputs import text_problem
+from app.jobs import routing
 from app.jobs.dispatch import dispatch_job
 from app.models import (
     FINISHED_STATES,
@@ -43,6 +44,7 @@ from app.models import (
 from app.observability import record_job_finished
 from app.transitions import move_job
 from gpu_worker.protocol.bounds import finite_or_none
+from gpu_worker.protocol.capabilities import Need
 from gpu_worker.protocol.failure import CANCELLED
 
 log = logging.getLogger(__name__)
@@ -63,6 +65,20 @@ class JobRequest:
     source_url: str | None = None
     filename: str | None = None
     request_hash: str | None = None  # app/jobs/idempotency.py; set with idempotency_key
+    # What the job asks of a profile (app/jobs/routing.py), resolved at submission.
+    task: str = "transcribe"
+    model: str | None = None
+    diarize: bool = False
+    min_speakers: int | None = None
+    max_speakers: int | None = None
+
+    def need(self) -> Need:
+        return Need(
+            language=self.language,
+            task="translate" if self.task == "translate" else "transcribe",
+            model=self.model,
+            diarize=self.diarize,
+        )
 
 
 def job_json(job: Job, *, with_text: bool = True) -> dict[str, Any]:
@@ -79,7 +95,14 @@ def job_json(job: Job, *, with_text: bool = True) -> dict[str, Any]:
         # A row stored before the wire types refused non-finite numbers reads as null, so
         # neither the API nor a webhook body ever holds NaN or Infinity.
         "duration_seconds": finite_or_none(job.duration_seconds),
-        "language": job.language,
+        # The language asked for, else the one the worker detected (ISO 639-1).
+        "language": job.language or job.detected_language,
+        "language_probability": finite_or_none(job.language_probability),
+        "task": job.task or "transcribe",
+        "model": job.model,
+        "diarize": bool(job.diarize),
+        "min_speakers": job.min_speakers,
+        "max_speakers": job.max_speakers,
         "word_timestamps": job.word_timestamps,
         "webhook_url": job.webhook_url,
         "webhook_status": job.webhook_status,
@@ -132,6 +155,11 @@ def insert_job(
         word_timestamps=req.word_timestamps,
         webhook_url=req.webhook_url,
         webhook_status=WebhookStatus.PENDING.value if req.webhook_url else None,
+        task=None if req.task == "transcribe" else req.task,
+        model=req.model,
+        diarize=req.diarize,
+        min_speakers=req.min_speakers,
+        max_speakers=req.max_speakers,
         idempotency_key=req.idempotency_key,
         idempotency_hash=req.request_hash,
         status=JobStatus.QUEUED.value,
@@ -141,7 +169,7 @@ def insert_job(
     try:
         with db.session() as s:
             if settings is not None and job.audio_key is not None:
-                profile = routable_profile(s, settings, now)
+                profile = routable_profile(s, settings, now, req.need())
                 if profile is not None:
                     job.status = JobStatus.DISPATCHED.value
                     job.profile = profile
@@ -194,8 +222,11 @@ def get_transcript(db: Database, job_id: str) -> dict[str, Any] | None:
     return transcript if isinstance(transcript, dict) else None
 
 
-def routable_profile(session: Session, settings: Settings, now: datetime) -> str | None:
-    """The first enabled profile, in allowlist order, that can take a new job now.
+def routable_profile(
+    session: Session, settings: Settings, now: datetime, need: Need | None = None
+) -> str | None:
+    """The first enabled profile, in allowlist order, that can serve `need` and take a new
+    job now (only profiles that can serve it count: app/jobs/routing.py).
 
     Submissions use it to dispatch at once when a worker is warm; everything else waits for the
     reconcile, which provisions workers and re-routes (app.fleet.planner follows the same
@@ -231,7 +262,10 @@ def routable_profile(session: Session, settings: Settings, now: datetime) -> str
         )
     )
     facts = {(str(name), str(fact)): int(n) for name, fact, n in rows}
-    for profile in settings.enabled_profiles:
+    candidates = settings.enabled_profiles
+    if need is not None:
+        candidates = tuple(routing.serving(candidates, need))
+    for profile in candidates:
         name = profile.name
         backoff, held = (name, "backoff") in facts, (name, "held") in facts
         if not (backoff or held):
@@ -250,9 +284,13 @@ def routable_profile(session: Session, settings: Settings, now: datetime) -> str
 def try_dispatch_now(
     db: Database, settings: Settings, celery: Celery, job_id: str, *, now: datetime
 ) -> bool:
-    """Dispatch a queued job at once if some profile has a live worker (else the reconcile will)."""
+    """Dispatch a queued job at once if some profile that can serve it has a live worker (else
+    the reconcile will)."""
     with db.reader() as s:
-        profile = routable_profile(s, settings, now)
+        job = s.get(Job, job_id)
+        if job is None:
+            return False
+        profile = routable_profile(s, settings, now, routing.need_of(job))
     if profile is None:
         return False
     return dispatch_job(db, celery, job_id, profile, now=now)
@@ -458,6 +496,9 @@ def store_result(
         JobStatus.SUCCEEDED,
         transcript=transcript,
         transcript_text=str(transcript.get("text", "")),
+        # What the worker found (detected, or the language it was given): json answers it.
+        detected_language=transcript.get("language") or None,
+        language_probability=transcript.get("language_probability"),
         processing_seconds=seconds,
         finished_at=now,
         error_code=None,

@@ -1,4 +1,5 @@
-"""HTTP surface of the jobs domain: /v1/jobs and the OpenAI-compatible /v1/audio/transcriptions."""
+"""HTTP surface of the jobs domain: /v1/jobs and the OpenAI-compatible /v1/audio/transcriptions,
+/v1/audio/translations and /v1/models."""
 
 from __future__ import annotations
 
@@ -12,12 +13,13 @@ from app.auth import require_api_token
 from app.context import Services, services
 from app.errors import ApiError
 from app.inputs import display_filename, refuse_repeated, request_json
-from app.jobs import idempotency, requests, retention, service
+from app.jobs import idempotency, requests, retention, routing, service
 from app.jobs.formats import render
 from app.jobs.requests import JobOptions
 from app.jobs.slow_work import probe_slot
 from app.jobs.submission import Submitter
 from app.jobs.waiting import SYNC_SLOTS, SyncSlots, Waited, wait_for_job
+from app.languages import language_name
 from app.models import JobStatus
 from app.server import client_gone, client_socket
 from gpu_worker.protocol.failure import CLIENT_FAILURES
@@ -25,7 +27,15 @@ from gpu_worker.protocol.failure import CLIENT_FAILURES
 log = logging.getLogger(__name__)
 
 jobs_bp = Blueprint("jobs", __name__)
-F = TypeVar("F", requests.UploadForm, requests.OpenAITranscriptionForm)
+F = TypeVar(
+    "F",
+    requests.UploadForm,
+    requests.OpenAITranscriptionForm,
+    requests.OpenAITranslationForm,
+)
+
+# The OpenAI endpoints' forms: one synchronous path for both.
+OpenAIForm = TypeVar("OpenAIForm", requests.OpenAITranscriptionForm, requests.OpenAITranslationForm)
 
 
 def _idempotency_key() -> str | None:
@@ -69,16 +79,31 @@ def _submitter(svc: Services) -> Submitter:
     return Submitter(svc, probe_slot)
 
 
-def create_upload_job(
-    svc: Services, upload: FileStorage, options: JobOptions, owner: str, key: str | None
-) -> tuple[dict[str, Any], bool]:
-    req = service.JobRequest(
-        owner=owner,
-        source="upload",
+def _routed(options: JobOptions, **fields: Any) -> service.JobRequest:
+    """The job request of checked options that some enabled profile can serve."""
+    return service.JobRequest(
         language=options.language,
         prompt=options.prompt,
         word_timestamps=options.word_timestamps,
         webhook_url=options.webhook_url,
+        task=options.task,
+        model=options.model,
+        diarize=options.diarize,
+        min_speakers=options.min_speakers,
+        max_speakers=options.max_speakers,
+        **fields,
+    )
+
+
+def create_upload_job(
+    svc: Services, upload: FileStorage, options: JobOptions, owner: str, key: str | None
+) -> tuple[dict[str, Any], bool]:
+    # Refused before the upload is stored when no enabled profile can serve it.
+    options = routing.route(options, svc.settings)
+    req = _routed(
+        options,
+        owner=owner,
+        source="upload",
         idempotency_key=key,
         filename=display_filename(upload.filename),
     )
@@ -90,15 +115,12 @@ def _create_url_job(
     svc: Services, body: dict[str, Any], owner: str, key: str | None
 ) -> tuple[dict[str, Any], bool]:
     fields = requests.parse(requests.UrlJob, body, requests.deployment(svc.settings))
-    options = fields.options()
-    req = service.JobRequest(
+    options = routing.route(fields.options(), svc.settings)
+    req = _routed(
+        options,
         owner=owner,
         source="url",
         source_url=fields.url,
-        language=options.language,
-        prompt=options.prompt,
-        word_timestamps=options.word_timestamps,
-        webhook_url=options.webhook_url,
         idempotency_key=key,
         filename=display_filename(fields.url.split("?", 1)[0]),
     )
@@ -126,6 +148,33 @@ def create_job() -> Response:
             "send multipart/form-data with a 'file' field, or application/json with a 'url'",
         )
     return _accepted(job, created)
+
+
+@jobs_bp.get("/v1/models")
+@require_api_token
+def list_models() -> Response:
+    """OpenAI's model list: the models enabled profiles serve, and the aliases clients send."""
+    settings = services().settings
+    return jsonify(
+        {
+            "object": "list",
+            "data": [routing.model_card(i, settings) for i in routing.model_ids(settings)],
+        }
+    )
+
+
+@jobs_bp.get("/v1/models/<model_id>")
+@require_api_token
+def get_model(model_id: str) -> Response:
+    settings = services().settings
+    if model_id not in routing.model_ids(settings):
+        raise ApiError(
+            404,
+            "model_not_found",
+            f"the model {model_id!r} does not exist here; "
+            f"models: {', '.join(routing.model_ids(settings))}",
+        )
+    return jsonify(routing.model_card(model_id, settings))
 
 
 @jobs_bp.get("/v1/jobs/<job_id>")
@@ -198,23 +247,44 @@ def openai_transcriptions() -> Response:
     """OpenAI-compatible synchronous transcription: submit, wait, answer in the asked format."""
     # A slot before the upload is read: a refused request costs nothing and stores nothing.
     with _sync_slots().hold():
-        return _transcribe_and_wait()
+        return _submit_and_wait(requests.OpenAITranscriptionForm)
 
 
-def _transcribe_and_wait() -> Response:
+@jobs_bp.post("/v1/audio/translations")
+@require_api_token
+def openai_translations() -> Response:
+    """OpenAI-compatible synchronous translation to English: the transcriptions' path, with
+    task=translate (same slots, timeout and no-retry answers)."""
+    with _sync_slots().hold():
+        return _submit_and_wait(requests.OpenAITranslationForm)
+
+
+def _submit_and_wait(model: type[OpenAIForm]) -> Response:
     svc = services()
     if request.mimetype != "multipart/form-data":
         raise ApiError(415, "unsupported_media_type", "send multipart/form-data")
-    upload, form = _form_upload(requests.OpenAITranscriptionForm, svc)
+    upload, form = _form_upload(model, svc)
     job, _ = create_upload_job(svc, upload, form.options(), g.owner, _idempotency_key())
     timeout = svc.settings.api.sync_timeout_seconds
     sock = client_socket(request.environ)
     waited = wait_for_job(svc.db, svc.redis, job["id"], timeout, lambda: client_gone(sock))
     granularities: set[str] = set(form.timestamp_granularities)
-    return _sync_answer(waited, form.response_format, granularities, timeout)
+    return _sync_answer(waited, form.response_format, granularities, timeout, form.task)
 
 
-def _sync_answer(waited: Waited, fmt: str, granularities: set[str], timeout: float) -> Response:
+def _openai_language(transcript: dict[str, Any], task: str) -> dict[str, Any]:
+    """The transcript as OpenAI's endpoints name its language: Whisper's full name ("german"),
+    and "english" for a translation (the language of its text)."""
+    if task == "translate":
+        # The probability was the audio's language's; the answer's language is English.
+        english = {k: v for k, v in transcript.items() if k != "language_probability"}
+        return {**english, "language": language_name("en")}
+    return {**transcript, "language": language_name(transcript.get("language"))}
+
+
+def _sync_answer(
+    waited: Waited, fmt: str, granularities: set[str], timeout: float, task: str = "transcribe"
+) -> Response:
     """The answer to a synchronous request once its wait ended, however it ended."""
     finished = waited.job
     # From here a job exists: every answer names it and tells the official client not to
@@ -226,7 +296,7 @@ def _sync_answer(waited: Waited, fmt: str, granularities: set[str], timeout: flo
         else None
     )
     if stored is not None:
-        transcript = stored
+        transcript = _openai_language(stored, task)
         if fmt == "verbose_json" and "word" not in granularities:
             transcript = {
                 **transcript,

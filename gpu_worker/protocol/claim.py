@@ -14,8 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-# The most speakers a job may ask for (min_speakers / max_speakers, 1-20).
-MAX_SPEAKERS = 20
+from gpu_worker.protocol.capabilities import MAX_SPEAKERS, MIN_SPEAKERS
 
 # The longest audio accepted when nothing else says (4 h).
 DEFAULT_MAX_AUDIO_SECONDS = 4 * 3600.0
@@ -30,11 +29,12 @@ class ClaimedJob(BaseModel):
     language: str | None = None
     prompt: str | None = None
     word_timestamps: bool = False
+    # transcribe, or translate to English (a multilingual model only).
     task: Literal["transcribe", "translate"] = "transcribe"
-    # Speaker diarization (gpu_worker/diarization.py): only sent to profiles that diarize.
+    # Speaker labels (a profile with a diarization asset set), within these bounds if given.
     diarize: bool = False
-    min_speakers: int | None = Field(default=None, ge=1, le=MAX_SPEAKERS)
-    max_speakers: int | None = Field(default=None, ge=1, le=MAX_SPEAKERS)
+    min_speakers: int | None = Field(default=None, ge=MIN_SPEAKERS, le=MAX_SPEAKERS)
+    max_speakers: int | None = Field(default=None, ge=MIN_SPEAKERS, le=MAX_SPEAKERS)
     # Signed, expiring and bound to this claim (docs/worker-protocol.md).
     audio_url: str
     duration_seconds: float | None = None

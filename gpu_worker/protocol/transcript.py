@@ -30,7 +30,7 @@ Invariants:
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
@@ -101,7 +101,12 @@ class Segment(_Wire):
 
 class Transcript(_Wire):
     text: StorableText
+    # The language of the audio (ISO 639-1): the job's, or the one the model detected, whose
+    # probability is then `language_probability`. A translation's text is English; its
+    # `language` is still the audio's.
     language: str | None = Field(default=None, max_length=16, pattern=r"^[A-Za-z_-]*$")
+    language_probability: Probability | None = None
+    task: Literal["transcribe", "translate"] | None = None
     duration: Seconds = 0.0
     segments: list[Segment]
     # The speakers the segments name, in label order; set only when diarization ran.

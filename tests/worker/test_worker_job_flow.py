@@ -26,7 +26,9 @@ class BrokenTranscriber:
         self.error = error
         self.released = 0
 
-    def transcribe(self, audio, *, language, prompt, word_timestamps, checkpoint=None):
+    def transcribe(
+        self, audio, *, language, prompt, word_timestamps, checkpoint=None, task="transcribe"
+    ):
         raise self.error
 
     def release_memory(self) -> None:

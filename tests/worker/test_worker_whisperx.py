@@ -103,7 +103,9 @@ def fake_stack(monkeypatch):
             self.model = model
             self.options = Options()
 
-        def transcribe(self, audio, batch_size, language, chunk_size, progress_callback=None):
+        def transcribe(
+            self, audio, batch_size, language, chunk_size, task=None, progress_callback=None
+        ):
             calls.prompts_seen.append(self.options.initial_prompt)
             for percent in (50.0, 100.0):  # WhisperX calls it after every batch
                 if progress_callback is not None:

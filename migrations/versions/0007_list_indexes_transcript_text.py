@@ -1,7 +1,7 @@
 """jobs at scale: the transcript's text beside it, and indexes for listings and the reconcile
 
-Revision ID: 0006_list_indexes
-Revises: 0005_audio_expiry
+Revision ID: 0007_list_indexes
+Revises: 0006_job_routing_options
 Create Date: 2026-12-02 05:00:00.000000
 
 A listing reads `limit` rows in index order instead of sorting every job of its owner, and
@@ -19,8 +19,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0006_list_indexes"
-down_revision = "0005_audio_expiry"
+revision = "0007_list_indexes"
+down_revision = "0006_job_routing_options"
 branch_labels = None
 depends_on = None
 
