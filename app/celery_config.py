@@ -48,7 +48,15 @@ FETCH_AUDIO = ControlTask("murmur.control.fetch_audio", IO_QUEUE)
 DELIVER_WEBHOOK = ControlTask("murmur.control.deliver_webhook", IO_QUEUE)
 SWEEP_WEBHOOKS = ControlTask("murmur.control.sweep_webhooks", IO_QUEUE)
 SWEEP_RETENTION = ControlTask("murmur.control.sweep_retention", IO_QUEUE)
-CONTROL_TASKS = (RECONCILE, FETCH_AUDIO, DELIVER_WEBHOOK, SWEEP_WEBHOOKS, SWEEP_RETENTION)
+SWEEP_FETCHES = ControlTask("murmur.control.sweep_fetches", IO_QUEUE)
+CONTROL_TASKS = (
+    RECONCILE,
+    FETCH_AUDIO,
+    DELIVER_WEBHOOK,
+    SWEEP_WEBHOOKS,
+    SWEEP_RETENTION,
+    SWEEP_FETCHES,
+)
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
@@ -93,6 +101,12 @@ def celery_config(settings: Settings) -> dict[str, Any]:
                     "queue": SWEEP_WEBHOOKS.queue,
                     "expires": settings.fleet.reconcile_interval_seconds,
                 },
+            },
+            # A URL job's fetch message lost with Redis is sent again (app/jobs/fetch.py).
+            "fetches": {
+                "task": SWEEP_FETCHES.name,
+                "schedule": 60.0,
+                "options": {"queue": SWEEP_FETCHES.queue, "expires": 60.0},
             },
             "retention": {
                 "task": SWEEP_RETENTION.name,

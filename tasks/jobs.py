@@ -9,7 +9,7 @@ import logging
 from celery import Task
 from celery.exceptions import Retry
 
-from app.celery_config import DELIVER_WEBHOOK, FETCH_AUDIO, SWEEP_WEBHOOKS
+from app.celery_config import DELIVER_WEBHOOK, FETCH_AUDIO, SWEEP_FETCHES, SWEEP_WEBHOOKS
 from app.jobs import delivery, fetch
 from app.jobs.io_slots import SlotsBusy, busy_countdown
 from tasks import context
@@ -61,3 +61,9 @@ def sweep_webhooks() -> int:
     """Beat: attempt every due webhook, from the database's state (whatever Redis lost)."""
     svc = context.services()
     return delivery.deliver_due(svc.settings, svc.db, svc.clock, context.io_slots())
+
+
+@celery_app.task(name=SWEEP_FETCHES.name, ignore_result=True)
+def sweep_fetches() -> int:
+    """Beat: send again the fetch of every URL job whose message was lost."""
+    return fetch.resend_stranded(context.services())

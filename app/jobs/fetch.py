@@ -2,21 +2,30 @@
 
 A URL job is queued without audio; this is its only path forward, so every way it can go wrong
 ends the job with a reason (`url_fetch_failed`, `url_too_large`, `url_not_audio`, ...), and a
-redelivery after success or a cancellation meanwhile does nothing. The exchange with the URL's
+redelivery after success or a cancellation meanwhile does nothing. Should its message be lost
+(a Redis failover, a broker restart without persistence), `resend_stranded` sends it again:
+every run of a fetch marks the job alive in Redis, and a URL job still without audio, long
+past its submission, with no such mark, gets one new message at most every few minutes. Two
+fetches of one job at once store the audio once (compare-and-set) and fail it only while it
+still waits for its audio. The exchange with the URL's
 server holds a fetch slot (app/jobs/io_slots.py): with none free it raises `SlotsBusy` before
 anything is fetched, and its task tries again later.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from datetime import timedelta
 from functools import partial
 from pathlib import Path
 
+import redis
 import requests
-from sqlalchemy import update
+from sqlalchemy import select, update
 
 from app.audio import probe_audio
+from app.celery_config import FETCH_AUDIO
 from app.db import rows_changed
 from app.deadline import exchange_deadline
 from app.errors import Refused
@@ -33,6 +42,16 @@ FETCH_TIMEOUT = (5.0, 30.0)  # connect, read (each socket read)
 # alone lets a server dripping bytes hold a worker for ever).
 FETCH_DEADLINE_SECONDS = 300
 
+# A fetch marks its job alive for as long as it may take (plus a retry's wait for a slot).
+ALIVE_KEY = "murmur:fetch:alive:"
+ALIVE_SECONDS = FETCH_DEADLINE_SECONDS + 120
+# A URL job without audio this long after submission, and not alive, lost its message.
+STRANDED_AFTER = timedelta(minutes=10)
+# At most one new message per job in this many seconds, whatever the sweeps see.
+RESENT_KEY = "murmur:fetch:resent:"
+RESEND_EVERY_SECONDS = 600
+SWEEP_LIMIT = 200
+
 
 def fetch_audio(svc: Services, slots: IoSlots, job_id: str) -> None:
     """Download a URL job's audio (SSRF-checked, size-capped), store it, then dispatch it.
@@ -43,6 +62,7 @@ def fetch_audio(svc: Services, slots: IoSlots, job_id: str) -> None:
     job = service.get_job(db, job_id)
     if job.status != JobStatus.QUEUED.value or job.audio_key is not None or not job.source_url:
         return  # redelivered after success, or cancelled meanwhile
+    _mark_alive(svc.redis, job_id)
     fail = partial(_fail, svc, job_id)
     staged = store.staging_path()
     limit = settings.api.max_upload_bytes
@@ -137,6 +157,52 @@ def _download(http: requests.Session, url: str, staged: Path, limit: int) -> int
     return size
 
 
+def _mark_alive(r: redis.Redis, job_id: str) -> None:
+    # The mark only spares a re-send; a fetch runs without it.
+    with contextlib.suppress(redis.RedisError):
+        r.set(ALIVE_KEY + job_id, 1, ex=ALIVE_SECONDS)
+
+
+def resend_stranded(svc: Services) -> int:
+    """Send the fetch of every URL job whose message was lost again; how many were sent.
+
+    Read from the database (jobs queued without audio since `STRANDED_AFTER`), so whatever
+    Redis lost is found; a job whose fetch ran within `ALIVE_SECONDS` is left alone, and each
+    job gets at most one new message per `RESEND_EVERY_SECONDS`.
+    """
+    cutoff = svc.clock() - STRANDED_AFTER
+    with svc.db.reader() as s:
+        ids = (
+            s.execute(
+                select(Job.id)
+                .where(
+                    Job.status == JobStatus.QUEUED.value,
+                    Job.created_at < cutoff,
+                    Job.audio_key.is_(None),
+                    Job.source_url.is_not(None),
+                )
+                .order_by(Job.created_at, Job.id)
+                .limit(SWEEP_LIMIT)
+            )
+            .scalars()
+            .all()
+        )
+    sent = 0
+    for job_id in ids:
+        try:
+            if svc.redis.exists(ALIVE_KEY + job_id):
+                continue
+            if not svc.redis.set(RESENT_KEY + job_id, 1, nx=True, ex=RESEND_EVERY_SECONDS):
+                continue
+            FETCH_AUDIO.send(svc.celery, job_id)
+        except Exception as exc:  # Redis or the broker down: the next sweep tries again
+            log.warning("could not re-send the fetch of %s: %s", job_id, type(exc).__name__)
+            return sent
+        log.warning("fetch of %s re-sent: its message was lost", job_id)
+        sent += 1
+    return sent
+
+
 def _fail(svc: Services, job_id: str, code: str, message: str) -> None:
-    if service.fail_job(svc.db, job_id, code, message, now=svc.clock()):
+    if service.fail_fetch(svc.db, job_id, code, message, now=svc.clock()):
         service.announce_finished(svc.redis, svc.celery, service.get_job(svc.db, job_id))

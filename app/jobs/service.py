@@ -537,6 +537,22 @@ def fail_job(db: Database, job_id: str, code: str, message: str, *, now: datetim
     )
 
 
+def fail_fetch(db: Database, job_id: str, code: str, message: str, *, now: datetime) -> bool:
+    """Fail a URL job whose fetch went wrong, only while it still waits for its audio: a second
+    fetch of the same job (a re-sent message) never fails one the first already stored."""
+    with db.session() as s:
+        return move_job(
+            s,
+            job_id,
+            [JobStatus.QUEUED],
+            JobStatus.FAILED,
+            Job.audio_key.is_(None),
+            finished_at=now,
+            error_code=code,
+            error_message=message,
+        )
+
+
 def announce_finished(r: redis.Redis, celery: Celery, job: Job) -> None:
     """Wake synchronous waiters and queue the webhook; neither may fail the caller."""
     record_job_finished(r, job)  # latency histograms; never raises
