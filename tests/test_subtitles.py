@@ -96,7 +96,7 @@ def _check_parses_one_cue_per_segment(transcript: dict[str, Any]) -> None:
 
     # The JSON formats carry the stored text, unchanged.
     body, _ = render(transcript, "json")
-    assert json.loads(body) == {"text": transcript["text"]}
+    assert json.loads(body)["text"] == transcript["text"]
     body, _ = render(transcript, "verbose_json")
     stored = [seg["text"] for seg in segments]
     assert [seg["text"] for seg in json.loads(body)["segments"]] == stored

@@ -158,10 +158,9 @@ def to_txt(transcript: dict[str, Any]) -> str:
 def to_json(transcript: dict[str, Any]) -> dict[str, Any]:
     """`{"text", "language"}`; a diarized transcript adds its speakers and their segments."""
     # The text, and the language: asked for, or detected (then with its probability).
-    body: dict[str, Any] = {
-        "text": transcript.get("text", ""),
-        "language": transcript.get("language"),
-    }
+    body: dict[str, Any] = {"text": transcript.get("text", "")}
+    if transcript.get("language"):
+        body["language"] = transcript["language"]
     if transcript.get("language_probability") is not None:
         body["language_probability"] = transcript["language_probability"]
     if transcript.get("speakers"):

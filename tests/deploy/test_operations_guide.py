@@ -709,10 +709,10 @@ def test_every_command_of_the_operations_guide(stack: Stack) -> None:  # noqa: P
 
     # ---- Upgrade while jobs run --------------------------------------------------------------
     walk.enter("Upgrade, with migrations, while jobs run")
-    command.downgrade(alembic_config(stack.db_url), "0004_failure_counts")  # the older release
     # A job running on a worker through the real calls: a ready l4-par2 worker (as the fleet
     # records one) gets the upload at once (a Celery message over TLS), claims it and fetches
-    # its audio with the signed URL; its result arrives after the upgrade.
+    # its audio with the signed URL; its result arrives after the upgrade. Then the database goes
+    # back to the older release's schema, the job's row with it, as it was before the upgrade.
     worker = Worker(profile="l4-par2", provider="scaleway", instance_id="inst-upgrade",
                     state=WorkerState.READY.value, requested_at=utcnow(), created_at=utcnow(),
                     ready_at=utcnow(), last_seen_at=utcnow())  # fmt: skip
@@ -728,6 +728,10 @@ def test_every_command_of_the_operations_guide(stack: Stack) -> None:  # noqa: P
         stack.settings("api").api.public_url, stack.url
     )
     assert requests.get(audio_url, timeout=10).content == AUDIO.read_bytes()
+    command.downgrade(alembic_config(stack.db_url), "0004_failure_counts")  # the older release
+    with db.reader() as ses:  # the older schema: read with SQL, not the current model
+        status = ses.execute(text("SELECT status FROM jobs WHERE id = :id"), {"id": running})
+        assert status.scalar_one() == "running"
     walk.step(r"docker compose build")
     walk.step(r"docker compose run --rm migrate")
     with db.reader() as ses:
