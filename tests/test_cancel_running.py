@@ -18,6 +18,32 @@ from tests.test_pipeline import submit, wait_job
 # `serial`: its stop bound is seconds of CPU time, which a parallel test would take.
 pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
+# The worker checks between batches, so a cancel waits for the batch in progress: with the
+# default CPU profile (Whisper base, batch 8) that is up to 240 s of audio, 10-20 s on 2 cores.
+# The mechanism is the same for every model; tiny.en's batches keep the bound below in seconds.
+TINY_PROFILE = """
+[[profiles]]
+name = "local-cpu"
+provider = "local"
+zone = "local"
+server_type = "local-cpu"
+model = "tiny.en"
+compute_type = "int8"
+vad = "silero"
+alignment_device = "none"
+batch_size = 8
+max_workers = 1
+hourly_cost_eur = 0.0
+"""
+
+
+@pytest.fixture()
+def live_api_env(tmp_path: Path) -> dict[str, str]:
+    config = tmp_path / "tiny.toml"
+    config.write_text(TINY_PROFILE)
+    return {"MURMUR_CONFIG": str(config)}
+
+
 # Long enough that transcribing it to the end takes longer than the stop allowed below, even
 # on a quiet machine (12 min of speech, 23 MB, under the upload cap: ~24 s at the CPU
 # profile's batch 8 on 2 cores), while the stop itself (a status check between batches, at most

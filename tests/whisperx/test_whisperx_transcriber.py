@@ -170,7 +170,13 @@ def test_silence_gives_no_segments(transcribers, decoded, vad):
         decoded("silence-5s"), language=None, prompt=None, word_timestamps=False
     )
 
-    assert transcript.to_json() == {"text": "", "language": "en", "duration": 5.0, "segments": []}
+    assert transcript.to_json() == {
+        "text": "",
+        "language": "en",
+        "task": "transcribe",
+        "duration": 5.0,
+        "segments": [],
+    }
 
 
 @pytest.mark.parametrize("vad", VADS)
