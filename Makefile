@@ -4,7 +4,7 @@ PYTHON  ?= python3
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed-stamp
 
-.PHONY: install demo up test check test-whisperx lint flower bench clean
+.PHONY: install install-whisperx demo up test check test-whisperx lint flower bench clean
 
 $(STAMP): requirements/control.txt requirements/worker.txt requirements/dev.txt setup.cfg pyproject.toml
 	@test -x $(VENV)/bin/pip || $(PYTHON) -m venv --clear $(VENV)
@@ -30,6 +30,10 @@ $(WX_STAMP): requirements/worker-whisperx-cpu.txt requirements/diarization-weigh
 	$(WX_PY) -m pip install -q --no-deps -e .
 	$(WX_PY) -m gpu_worker verify-assets base
 	@touch $@
+
+## install-whisperx: build .venv-whisperx only; `make up` and `make demo` then add a diarizing
+## profile whose worker runs from it (docs/runtime.md, "Diarization on a laptop")
+install-whisperx: $(WX_STAMP)
 
 ## demo: start Redis if needed, the API and control plane, transcribe samples/, stop everything
 demo: install

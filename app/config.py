@@ -83,6 +83,14 @@ class Profile(_Strict):
     # The diarization asset set of gpu_worker/models.toml this profile runs, or None: it does
     # not diarize (gpu_worker/protocol/capabilities.py).
     diarization: str | None = None
+    # The `local` provider only: the Python interpreter that runs this profile's worker
+    # (`<worker_python> -m gpu_worker run`), e.g. a venv with torch and pyannote to diarize; a
+    # relative path is taken from the working directory, like storage_path. None: the control
+    # worker's own interpreter.
+    worker_python: str | None = Field(default=None, min_length=1)
+    # MURMUR_CPU_THREADS for this profile's workers (0 = the libraries' default); None: unset,
+    # so a local worker inherits the control plane's MURMUR_CPU_THREADS, if any.
+    cpu_threads: int | None = Field(default=None, ge=0, le=1024)
 
     @property
     def queue(self) -> str:
@@ -678,6 +686,26 @@ def _asset_problems(profile: Profile) -> list[str]:
     return problems
 
 
+def _worker_python_problem(profile: Profile) -> str | None:
+    """Why a profile's `worker_python` cannot start its worker, or None (unset or fine)."""
+    path = profile.worker_python
+    if path is None:
+        return None
+    if profile.provider != "local":
+        return (
+            f"worker_python: only the local provider starts a worker with it "
+            f"({profile.provider} workers run the worker image)"
+        )
+    if not profile.enabled:
+        return None  # never started: a venv removed since does not stop the rest
+    resolved = os.path.abspath(path)
+    if not os.path.isfile(resolved):
+        return f"worker_python: {path} does not exist (or is not a file)"
+    if not os.access(resolved, os.X_OK):
+        return f"worker_python: {path} is not executable"
+    return None
+
+
 def check_settings(settings: Settings, *, role: str = "control") -> list[str]:
     """Every problem that stops this configuration from running safely (empty = fine)."""
     if role not in ROLES:
@@ -688,6 +716,8 @@ def check_settings(settings: Settings, *, role: str = "control") -> list[str]:
     for p in settings.profiles:
         where = f"profiles.{p.name}"
         problems.extend(f"{where}.{problem}" for problem in _asset_problems(p))
+        if (python_problem := _worker_python_problem(p)) is not None:
+            problems.append(f"{where}.{python_problem}")
         stype = SERVER_TYPES.get(p.server_type)
         if stype is None:
             problems.append(

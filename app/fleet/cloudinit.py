@@ -32,6 +32,7 @@ from gpu_worker.protocol.environment import (
     BROKER_URL_VAR,
     COMPUTE_TYPE_VAR,
     CONTROL_URL_VAR,
+    CPU_THREADS_VAR,
     DEVICE_VAR,
     DIARIZATION_VAR,
     DRAIN_TIMEOUT_VAR,
@@ -97,6 +98,8 @@ def worker_environment(
         BATCH_SIZE_VAR: str(profile.batch_size),
         # The diarization weight set the profile names (absent: the worker does not diarize).
         **({DIARIZATION_VAR: profile.diarization} if profile.diarization else {}),
+        # The profile's thread count, when it sets one (a local worker otherwise inherits it).
+        **({CPU_THREADS_VAR: str(profile.cpu_threads)} if profile.cpu_threads is not None else {}),
         OBSERVABILITY_ENABLED_VAR: "1" if settings.observability.enabled else "0",
         REPORT_INTERVAL_VAR: str(settings.observability.report_interval_seconds),
         **_sentinel_broker(settings, broker_url),

@@ -160,6 +160,14 @@ CASES = [
         GROUPS + profile("gpu", hourly_cost_eur=0.0),
         ["profiles.gpu.hourly_cost_eur: required for the scaleway provider (the budget counts it)"],
     ),
+    (
+        "worker_python on a cloud profile",
+        GROUPS + profile("gpu", worker_python="/usr/bin/python3"),
+        [
+            "profiles.gpu.worker_python: only the local provider starts a worker with it "
+            "(scaleway workers run the worker image)"
+        ],
+    ),
 ]
 
 
@@ -233,3 +241,62 @@ def test_a_server_type_outside_its_zones_is_refused(tmp_path: Path) -> None:
     assert problems_of(tmp_path, text) == [
         "profiles.p100.zone: RENDER-S is not offered in fr-par-2 (offered in fr-par-1)"
     ]
+
+
+def local_profile(name: str, **fields: object) -> str:
+    return profile(
+        name,
+        provider="local",
+        zone="local",
+        server_type="local-cpu",
+        compute_type="int8",
+        hourly_cost_eur=0.0,
+        **fields,
+    ).replace('image = "murmur-worker-gpu"\n', "")
+
+
+def test_a_local_worker_python_must_be_an_executable_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    venv = tmp_path / "venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "python").symlink_to(sys.executable)
+    (venv / "plain").write_text("")  # not executable
+    monkeypatch.chdir(tmp_path)  # a relative path is taken from the working directory
+    local = "".join(
+        local_profile(name, worker_image="", security_group="", worker_python=path)
+        for name, path in (
+            ("ok", "venv/bin/python"),
+            ("absolute", str(venv / "python")),
+            ("missing", "venv/bin/nope"),
+            ("plain", "venv/bin/plain"),
+            ("directory", "venv/bin"),
+        )
+    )
+    off = local_profile(
+        "off", worker_image="", security_group="", worker_python="gone/python", enabled=False
+    )
+    assert problems_of(tmp_path, local + off) == [
+        "profiles.missing.worker_python: venv/bin/nope does not exist (or is not a file)",
+        "profiles.plain.worker_python: venv/bin/plain is not executable",
+        "profiles.directory.worker_python: venv/bin does not exist (or is not a file)",
+    ]
+    result = CliRunner().invoke(
+        murmur, ["validate-config", "--config", str(tmp_path / "murmur.toml")], env=SECRETS
+    )
+    assert result.exit_code == 1
+    assert "  - profiles.plain.worker_python: venv/bin/plain is not executable" in result.output
+    settings = load_settings(tmp_path / "murmur.toml", env=SECRETS)
+    assert settings.profile("ok").worker_python == "venv/bin/python"
+    assert settings.profile("ok").cpu_threads is None
+
+
+def test_cpu_threads_is_a_count(tmp_path: Path) -> None:
+    text = local_profile("cpu", worker_image="", security_group="", cpu_threads=-1)
+    assert problems_of(tmp_path, text) == [
+        "profiles.0.cpu_threads: Input should be greater than or equal to 0"
+    ]
+    text = local_profile("cpu", worker_image="", security_group="", cpu_threads=1)
+    assert problems_of(tmp_path, text) == []

@@ -15,7 +15,7 @@ import pytest
 from app.config import LOCAL_CPU_PROFILE, Profile, Settings
 from app.credentials import InstanceCredential
 from app.fleet.cloudinit import worker_environment
-from app.fleet.providers.base import OutOfStock
+from app.fleet.providers.base import OutOfStock, ProviderUnavailable
 from app.fleet.providers.local import LocalProvider, out_of_stock_from_env
 from app.models import WorkerState
 from tests.fleet.conftest import SIGNING_KEY, MakeFleet
@@ -104,6 +104,46 @@ def test_worker_starts_with_its_environment_and_no_control_plane_secrets(
         assert leaked.isdisjoint(env)
     finally:
         provider.delete(instance.instance_id, instance.resources)
+
+
+def test_a_profile_worker_python_runs_its_worker(
+    tmp_path: Path, fake_worker: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Another interpreter (a venv with torch, say): here a link to this one, by another name.
+    python = tmp_path / "venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.symlink_to(sys.executable)
+    monkeypatch.setenv("MURMUR_CPU_THREADS", "2")
+    profile = LOCAL_CPU_PROFILE.model_copy(
+        update={"name": "local-diarize", "worker_python": str(python), "cpu_threads": 1}
+    )
+    s = Settings(profiles=(LOCAL_CPU_PROFILE, profile), signing_key=SIGNING_KEY)  # type: ignore[arg-type]
+    provider = LocalProvider(s, state_dir=tmp_path / "state", command=fake_worker)
+    diarizing = provider.create(profile, "wrk_p", binder(s, profile, "wrk_p"))
+    plain = provider.create(LOCAL_CPU_PROFILE, "wrk_q", binder(s, LOCAL_CPU_PROFILE, "wrk_q"))
+    try:
+        env = env_of(tmp_path, "wrk_p")
+        # The profile's thread count wins over the one the control plane's environment sets.
+        assert env["MURMUR_PROFILE"] == "local-diarize" and env["MURMUR_CPU_THREADS"] == "1"
+        assert env_of(tmp_path, "wrk_q")["MURMUR_CPU_THREADS"] == "2"
+        pids = {
+            i.worker_id: json.loads((tmp_path / "state" / f"{i.instance_id}.json").read_text())[
+                "pid"
+            ]
+            for i in (diarizing, plain)
+        }
+        assert psutil.Process(pids["wrk_p"]).cmdline() == [str(python), *fake_worker[1:]]
+        assert psutil.Process(pids["wrk_q"]).cmdline() == fake_worker
+    finally:
+        for instance in (diarizing, plain):
+            provider.delete(instance.instance_id, instance.resources)
+
+
+def test_a_worker_python_that_cannot_start_is_a_provider_error(tmp_path: Path) -> None:
+    profile = LOCAL_CPU_PROFILE.model_copy(update={"worker_python": str(tmp_path / "nope")})
+    provider = LocalProvider(settings(), state_dir=tmp_path / "state")
+    with pytest.raises(ProviderUnavailable, match=r"cannot start the worker \(/.*/nope\)"):
+        provider.create(profile, "wrk_n", lambda i, r: {})
 
 
 def test_a_restarted_control_worker_finds_and_deletes_it(

@@ -1,9 +1,11 @@
 """The `local` provider: an "instance" is a transcription worker subprocess on this machine.
 
 `python -m gpu_worker run` starts with the same environment cloud-init would write, in its own
-process group. Each instance is recorded in a state directory (`var/local-instances/<id>.json`:
-pid and process start time), so a restarted control worker still lists and deletes it. Delete
-sends SIGTERM to the group, SIGKILL after a grace period, and confirms nothing is left.
+process group; `python` is the profile's `worker_python` when it names one (a venv with torch
+and pyannote, say), else the control worker's own interpreter. Each instance is recorded in a
+state directory (`var/local-instances/<id>.json`: pid and process start time), so a restarted
+control worker still lists and deletes it. Delete sends SIGTERM to the group, SIGKILL after a
+grace period, and confirms nothing is left.
 Stock can be simulated per profile (`MURMUR_LOCAL_OUT_OF_STOCK=a,b`) to watch the fallback: such
 a profile's stock hint is `shortage` (the fleet then never asks to create), and a create asked
 anyway answers out of stock.
@@ -85,6 +87,7 @@ class LocalProvider:
         teardown_wait: float = 5.0,
     ) -> None:
         self._dir = Path(state_dir or os.environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR)
+        # command[0] is the interpreter: a profile's worker_python takes its place.
         self._command = list(command)
         self._out_of_stock = (
             out_of_stock if out_of_stock is not None else out_of_stock_from_env(os.environ)
@@ -164,6 +167,14 @@ class LocalProvider:
             resources={"worker_id": record.get("worker_id")},
         )
 
+    def _command_for(self, profile: Profile) -> list[str]:
+        """The worker's command line: the profile's interpreter, when it names one."""
+        if profile.worker_python is None:
+            return self._command
+        # Absolute, so that a bare name is never looked up on PATH (check_settings checked
+        # this very file) and the working directory it was relative to is the one logged.
+        return [os.path.abspath(profile.worker_python), *self._command[1:]]
+
     # -- the interface ----------------------------------------------------------------------
 
     def create(self, profile: Profile, worker_id: str, bind: Bind) -> Instance:
@@ -176,10 +187,11 @@ class LocalProvider:
         environment = bind(instance_id, resources)
         self._dir.mkdir(parents=True, exist_ok=True)
         log_path = self._dir / f"{instance_id}.log"
+        command = self._command_for(profile)
         try:
             with open(log_path, "ab") as out:
                 proc = subprocess.Popen(
-                    self._command,
+                    command,
                     env=child_environment(os.environ, environment),
                     stdin=subprocess.DEVNULL,
                     stdout=out,
@@ -189,7 +201,9 @@ class LocalProvider:
                     start_new_session=True,
                 )
         except OSError as exc:
-            raise ProviderUnavailable(f"local: cannot start the worker: {exc.strerror}") from None
+            raise ProviderUnavailable(
+                f"local: cannot start the worker ({command[0]}): {exc.strerror}"
+            ) from None
         try:
             create_time = psutil.Process(proc.pid).create_time()
         except psutil.Error:
@@ -206,11 +220,12 @@ class LocalProvider:
             }
         )
         log.info(
-            "local instance %s: worker %s (%s) pid %s",
+            "local instance %s: worker %s (%s) pid %s, %s",
             instance_id,
             worker_id,
             profile.name,
             proc.pid,
+            command[0],
         )
         return Instance(instance_id, InstanceState.RUNNING, worker_id, profile.name, resources)
 
