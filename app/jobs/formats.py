@@ -34,6 +34,8 @@ MEDIA_TYPES = {
     "text": "text/plain; charset=utf-8",
     "srt": "application/x-subrip; charset=utf-8",
     "vtt": "text/vtt; charset=utf-8",
+    # OpenAI's endpoint only (response_format=diarized_json): not a transcript download format.
+    "diarized_json": "application/json",
 }
 
 
@@ -248,7 +250,8 @@ def to_verbose_json(transcript: dict[str, Any], *, words: bool = True) -> dict[s
 
 
 def render(transcript: dict[str, Any], fmt: str) -> tuple[str, str]:
-    """(body, media type) of the transcript in `fmt`; `fmt` must be one of FORMATS."""
+    """(body, media type) of the transcript in `fmt`: one of FORMATS, or `diarized_json` (the
+    OpenAI endpoint's)."""
     if fmt == "json":
         body = json.dumps(finite_or_none(to_json(transcript)), allow_nan=False)
     elif fmt == "verbose_json":
@@ -260,6 +263,8 @@ def render(transcript: dict[str, Any], fmt: str) -> tuple[str, str]:
         body = to_srt(transcript)
     elif fmt == "vtt":
         body = to_vtt(transcript)
+    elif fmt == "diarized_json":
+        body = json.dumps(finite_or_none(to_diarized_json(transcript)), allow_nan=False)
     else:
         raise ValueError(fmt)
     return body, MEDIA_TYPES[fmt]
