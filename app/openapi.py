@@ -133,6 +133,31 @@ def _job_id() -> dict[str, Any]:
     return {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
 
 
+def _sync_audio_op(
+    summary: str, answer: str, path: str, idempotency_key: dict[str, Any]
+) -> dict[str, Any]:
+    """An OpenAI-compatible synchronous audio operation (transcriptions, translations): the
+    answer in `response_format`, and every refusal the synchronous path can give."""
+    refusals = ("400", "401", "408", "409", "413", "415", "422", "502", "503", "504")
+    return _op(
+        summary,
+        {
+            "200": {
+                "description": answer,
+                "content": {
+                    "application/json": {},
+                    "text/plain": {},
+                    "application/x-subrip": {},
+                    "text/vtt": {},
+                },
+            },
+            **dict.fromkeys(refusals, _ERROR),
+        },
+        parameters=[idempotency_key],
+        requestBody=_body(path, "post"),
+    )
+
+
 def openapi_document() -> dict[str, Any]:
     job_ref = {"$ref": "#/components/schemas/Job"}
     model_ref = {"$ref": "#/components/schemas/Model"}
@@ -264,59 +289,19 @@ def openapi_document() -> dict[str, Any]:
                 ),
             },
             "/v1/audio/transcriptions": {
-                "post": _op(
+                "post": _sync_audio_op(
                     "OpenAI-compatible synchronous transcription",
-                    {
-                        "200": {
-                            "description": "The transcript in response_format",
-                            "content": {
-                                "application/json": {},
-                                "text/plain": {},
-                                "application/x-subrip": {},
-                                "text/vtt": {},
-                            },
-                        },
-                        "400": _ERROR,
-                        "401": _ERROR,
-                        "408": _ERROR,
-                        "409": _ERROR,
-                        "413": _ERROR,
-                        "415": _ERROR,
-                        "422": _ERROR,
-                        "502": _ERROR,
-                        "503": _ERROR,
-                        "504": _ERROR,
-                    },
-                    parameters=[idempotency_key],
-                    requestBody=_body("/v1/audio/transcriptions", "post"),
+                    "The transcript in response_format",
+                    "/v1/audio/transcriptions",
+                    idempotency_key,
                 ),
             },
             "/v1/audio/translations": {
-                "post": _op(
+                "post": _sync_audio_op(
                     "OpenAI-compatible synchronous translation to English",
-                    {
-                        "200": {
-                            "description": "The English text in response_format",
-                            "content": {
-                                "application/json": {},
-                                "text/plain": {},
-                                "application/x-subrip": {},
-                                "text/vtt": {},
-                            },
-                        },
-                        "400": _ERROR,
-                        "401": _ERROR,
-                        "408": _ERROR,
-                        "409": _ERROR,
-                        "413": _ERROR,
-                        "415": _ERROR,
-                        "422": _ERROR,
-                        "502": _ERROR,
-                        "503": _ERROR,
-                        "504": _ERROR,
-                    },
-                    parameters=[idempotency_key],
-                    requestBody=_body("/v1/audio/translations", "post"),
+                    "The English text in response_format",
+                    "/v1/audio/translations",
+                    idempotency_key,
                 ),
             },
             "/v1/models": {
