@@ -681,7 +681,7 @@ def _asset_problems(profile: Profile) -> list[str]:
         problems.append(
             f"model: unknown model {profile.model!r} (the manifest has: {', '.join(models)})"
         )
-    if profile.diarization is not None and profile.diarization not in manifest.assets:
+    if profile.diarization is not None and profile.diarization not in manifest.diarization_names():
         problems.append(f"diarization: no asset {profile.diarization!r} in gpu_worker/models.toml")
     return problems
 

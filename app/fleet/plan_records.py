@@ -224,12 +224,13 @@ class ActiveJob:
 @dataclass(frozen=True)
 class WaitingJob:
     """A queued job for the scaling policy (the oldest few hundred, oldest first): how much
-    audio it holds and, when only some profiles can serve it, which (empty: any)."""
+    audio it holds and, when only some profiles can serve it, which (None: any)."""
 
     id: str
     submitted_at: datetime
     audio_seconds: float | None = None
-    profiles: tuple[str, ...] = ()
+    # None: any profile may serve it; empty: none of the configured ones can.
+    profiles: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)

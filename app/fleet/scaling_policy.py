@@ -226,7 +226,7 @@ def _provision_by_work(r: Round) -> None:
     spare = r.spare_slots
     stuck = 0  # jobs that wait for a held profile that could serve them
     for p in state.profiles:
-        mine = [j for j in left if not j.profiles or p.name in j.profiles]
+        mine = [j for j in left if j.profiles is None or p.name in j.profiles]
         if not mine:
             continue
         t = r.tallies[p.name]
@@ -246,10 +246,15 @@ def _provision_by_work(r: Round) -> None:
         boot = profile_boot(p, rules)
         if p.speed is None or p.speed <= 0 or any(j.audio_seconds is None for j in mine):
             # Nothing to weigh: one worker per waiting job (a free slot takes one next round).
-            want = max(0, len(mine) - spare)
-            spare = max(0, spare - len(mine))
-            added = add_workers(r, p, min(room, want), "one worker per waiting job (work unknown)")
-            late = mine[added + (len(mine) - want) :]
+            # Free slots (of any profile) take only jobs any profile may serve.
+            unrestricted = [j for j in mine if j.profiles is None]
+            use = min(spare, len(unrestricted))
+            spare -= use
+            taken = {j.id for j in unrestricted[:use]}
+            rest = [j for j in mine if j.id not in taken]
+            rule = "one worker per waiting job (work unknown)"
+            added = add_workers(r, p, min(room, len(rest)), rule)
+            late = rest[added:]
         else:
             free_in = _free_in(r, p, boot)
             queue = _queue(r, p, mine, p.speed)

@@ -115,7 +115,7 @@ def read_snapshot(
                 id=w.id,
                 submitted_at=as_utc(w.created_at) or now,
                 audio_seconds=w.duration,
-                profiles=tuple(sorted(routes.get(w.id, ()))),
+                profiles=None if w.id not in routes else tuple(sorted(routes[w.id])),
             )
             for w in db.waiting
         ),
@@ -225,7 +225,8 @@ def _read_rows(svc: Services, rules: FleetRules) -> _Rows:
                     select(*columns)
                     .where(queued_ready)
                     .order_by(Job.created_at, Job.id)
-                    .limit(rules.max_dispatch)
+                    # Every job the plan may dispatch or size workers for.
+                    .limit(max(rules.max_dispatch, MAX_WAITING_JOBS))
                 ).all()
             )
             if active:

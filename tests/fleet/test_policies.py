@@ -168,6 +168,33 @@ def test_a_job_only_some_profiles_can_serve_is_sized_on_those() -> None:
     assert [p.profile for p in added] == ["p100"]
 
 
+def test_a_job_no_profile_can_serve_gets_no_worker() -> None:
+    # Its profile was disabled or removed: routes say nobody, which is not "anybody".
+    stranded = (WaitingJob("j0", NOW, 300.0, profiles=()),)
+    assert provisions(state([profile(), profile("p100")], stranded)) == []
+
+
+def test_another_profiles_free_slot_does_not_cancel_a_restricted_jobs_worker() -> None:
+    # l4 has an idle ready worker; the one waiting job only p100 serves (diarize, say). The
+    # free l4 slot cannot take it, so p100 still gets a worker (work unknown: no speed yet).
+    idle = WorkerSnapshot(
+        id="w1", profile="l4", provider="scaleway", state="ready", requested_at=ago(600),
+        instance_id="i1", ready_at=ago(500), idle_since=ago(5), last_seen_at=ago(5),
+        hourly_cost_eur=0.75,
+    )  # fmt: skip
+    alive = InstanceSnapshot("scaleway", "i1", "running", worker_id="w1", profile="l4")
+    only_p100 = (WaitingJob("j0", NOW, None, profiles=("p100",)),)
+    plan_state = state(
+        [profile(speed=None), profile("p100", speed=None)],
+        only_p100,
+        workers=(idle,),
+        inventory=(alive,),
+        dispatchable=("j0",),
+        routes={"j0": frozenset({"p100"})},
+    )
+    assert [p.profile for p in provisions(plan_state)] == ["p100"]
+
+
 def test_a_held_profile_stops_the_walk_and_a_stock_out_moves_on() -> None:
     held = profile(retry_at=NOW + timedelta(minutes=5), last_error="boot failed")
     assert provisions(state([held, profile("p100")], jobs(300.0))) == []
