@@ -459,10 +459,10 @@ def test_a_url_jobs_audio_is_fetched_into_the_bucket(
     live_api: LiveApi, s3_server: S3Server, s3_env: dict[str, str], other_host: str
 ) -> None:
     """The URL fetch (the control worker's task body, run here in-process) stages, probes and
-    stores the audio the same way; a bucket gone meanwhile ends the job with the reason."""
+    stores the audio the same way; a bucket gone meanwhile leaves the job waiting for a retry."""
     from app.celery_config import make_celery
     from app.jobs.fetch import fetch_audio
-    from app.jobs.io_slots import IoSlots
+    from app.jobs.io_slots import IoSlots, SlotsBusy
     from app.services import build_services
 
     svc = build_services(live_api.settings, make_celery(live_api.settings), db=live_api.db)
@@ -484,7 +484,12 @@ def test_a_url_jobs_audio_is_fetched_into_the_bucket(
     with svc.storage.open(key) as fh:
         assert fh.read() == SPEECH
     s3_server.drop_bucket(bucket)
-    fetch_audio(svc, slots, ids[1])
-    failed = _job(live_api.db, ids[1])
-    assert (failed.status, failed.error_code) == ("failed", "storage_unavailable")
+    with pytest.raises(SlotsBusy):  # the outage passes: the job waits, its task retries
+        fetch_audio(svc, slots, ids[1])
+    waiting = _job(live_api.db, ids[1])
+    assert (waiting.status, waiting.audio_key) == ("queued", None)
     assert [p for p in Path(live_api.settings.storage_path).rglob("*") if p.is_file()] == []
+    s3_server.make_bucket(bucket)  # back: the retried fetch stores the audio once
+    fetch_audio(svc, slots, ids[1])
+    key = _job(live_api.db, ids[1]).audio_key
+    assert key is not None and s3_server.keys(bucket) == [key]

@@ -76,7 +76,8 @@ def fetch_audio(svc: Services, slots: IoSlots, job_id: str) -> None:
     except Refused as err:
         staged.unlink(missing_ok=True)
         if err.code == "name_resolution_timeout":
-            err = Refused("url_fetch_failed", err.message)
+            # The resolver is slow, not the URL wrong: the job waits and its fetch retries.
+            raise SlotsBusy("name resolution") from None
         code = "url_not_audio" if err.code in ("invalid_audio", "empty_file") else err.code
         message = err.message if code != "url_not_audio" else f"the URL's content: {err.message}"
         fail(code, message)
@@ -95,9 +96,12 @@ def fetch_audio(svc: Services, slots: IoSlots, job_id: str) -> None:
     key = staged.name + ".audio"
     try:
         store.commit(staged, key)
-    except Refused as err:  # the store is down: end the job with that reason, keep nothing
+    except Refused as err:
         staged.unlink(missing_ok=True)
-        fail(err.code, err.message)
+        if err.code == "storage_unavailable":
+            # An outage of the audio store passes: the job waits and its fetch retries.
+            raise SlotsBusy("audio store") from None
+        fail(err.code, err.message)  # the store refused the audio itself (full): say why
         return
     with db.session() as s:
         moved = rows_changed(

@@ -73,7 +73,7 @@ class Submitter:
             self._forget(audio_key)
             raise
         if not created:
-            self.svc.storage.delete(audio_key)
+            self._forget(audio_key)  # the replay answers, whatever the store says
             return idempotency.replay(job, req.request_hash), False
         dispatched = job.status == JobStatus.DISPATCHED.value and job.profile is not None
         if dispatched and not send_dispatched(
