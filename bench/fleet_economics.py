@@ -62,7 +62,14 @@ from app.fleet.reconcile import reconcile  # noqa: E402
 from app.fleet.snapshot import as_utc  # noqa: E402
 from app.jobs.dispatch import _job_of  # noqa: E402
 from app.jobs.service import cancel_job  # noqa: E402
-from app.models import Job, JobStatus, Worker, WorkerState  # noqa: E402
+from app.models import (  # noqa: E402
+    LIVE_WORKER_STATES,
+    Job,
+    JobStatus,
+    ProfileState,
+    Worker,
+    WorkerState,
+)
 from app.services import build_services  # noqa: E402
 from gpu_worker.protocol.boot import BootFailure  # noqa: E402
 from gpu_worker.protocol.broker import queue_name  # noqa: E402
@@ -227,6 +234,10 @@ class Simulation:
         self.peak: dict[str, int] = {}
         self.accounts: dict[str, float] = {}
         self.left: dict[str, int] = {}
+        # After each reconcile: what kept each profile from taking one more worker (None: it
+        # had room), to judge the waits past fleet.target_wait_seconds.
+        self.bounds: list[tuple[datetime, dict[str, str | None]]] = []
+        self.late: list[LateJob] = []
 
     # -- the script's events ----------------------------------------------------------------
 
@@ -384,6 +395,7 @@ class Simulation:
                 self.event(kind, arg)
             self.workers_step()
             reconcile(self.svc)
+            self.bounds.append((now, self.bound()))
             self.rounds += 1
             for key, value in self.leaks().items():  # so that "0 left" is not vacuous
                 self.peak[key] = max(self.peak.get(key, 0), value)
@@ -395,6 +407,31 @@ class Simulation:
                     continue
             self.clock.advance(INTERVAL)
         return False
+
+    def bound(self) -> dict[str, str | None]:
+        """Per profile, the bound it was at after this round's reconcile, or None (room)."""
+        now = self.clock()
+        settings = self.svc.settings
+        with self.db.reader() as s:
+            states = {p.name: p for p in s.scalars(select(ProfileState))}
+            live = list(s.scalars(select(Worker).where(Worker.state.in_(LIVE_WORKER_STATES))))
+        hourly = sum(w.hourly_cost_eur or 0.0 for w in live)
+        out: dict[str, str | None] = {}
+        for p in settings.profiles:
+            st = states.get(p.name)
+            if not p.enabled:
+                out[p.name] = "disabled"
+            elif st is not None and (as_utc(st.backoff_until) or now) > now:
+                out[p.name] = "out of stock"
+            elif st is not None and (as_utc(st.retry_at) or now) > now:
+                out[p.name] = "held"
+            elif sum(w.profile == p.name for w in live) >= p.max_workers:
+                out[p.name] = "at max_workers"
+            elif hourly + float(p.hourly_cost_eur) > settings.budget.max_hourly_eur:
+                out[p.name] = "at the budget"
+            else:
+                out[p.name] = None
+        return out
 
     # -- the accounts -----------------------------------------------------------------------
 
@@ -487,6 +524,42 @@ def accounts(sim: Simulation, day: Day) -> dict[str, float]:
     return out
 
 
+@dataclass
+class LateJob:
+    """A transcribed job that started later than fleet.target_wait_seconds after submission."""
+
+    episode: str
+    wait: float
+    bounds: dict[str, set[str]]  # per profile, the bounds it was at while the job was late
+    room: datetime | None  # the first moment a profile had room meanwhile, or None
+
+
+def late_jobs(sim: Simulation) -> list[LateJob]:
+    """Each job that waited past the target, and whether every profile was then bound: at
+    max_workers, out of stock, held, disabled (the informed fleet) or at the budget, at every
+    reconcile from its target to its start. The issue's rule: never late but for a bound."""
+    target = timedelta(seconds=sim.svc.settings.fleet.target_wait_seconds)
+    with sim.db.reader() as s:
+        done = list(s.scalars(select(Job).where(Job.status == JobStatus.SUCCEEDED.value)))
+    out = []
+    for j in done:
+        late_from, started = sim.submitted_at[j.id] + target, as_utc(j.started_at)
+        if started is None or started <= late_from:
+            continue
+        minute = seconds(DAY, sim.submitted_at[j.id]) / 60
+        late = LateJob(next(n for n, a, b in EPISODES if a <= minute < b), 0.0, {}, None)
+        late.wait = seconds(sim.submitted_at[j.id], started)
+        for when, bounds in sim.bounds:
+            if not late_from <= when < started:
+                continue
+            for name, why in bounds.items():
+                late.bounds.setdefault(name, set()).add(why or "room")
+            if late.room is None and any(why is None for why in bounds.values()):
+                late.room = when
+        out.append(late)
+    return out
+
+
 def percentile(values: Any, q: float) -> float:
     """The q-th percentile (nearest rank) of `values`; 0 for none."""
     ordered = sorted(values)
@@ -512,6 +585,7 @@ def simulate(day: Day, *, informed: bool, wall_deadline: float) -> tuple[Simulat
             sim = Simulation(Path(tmp), emulator, informed=informed)
             finished = sim.run(day, wall_deadline)
             sim.accounts = accounts(sim, day)
+            sim.late = late_jobs(sim)
             sim.left = sim.leaks()
             sim.celery.close()
             sim.redis.flushdb()
@@ -618,7 +692,31 @@ def main(argv: list[str] | None = None) -> int:
             + "; left at the end "
             + ", ".join(f"{k} {v}" for k, v in run.left.items())
         )
+    target = sim.svc.settings.fleet.target_wait_seconds
+    unbound = 0
+    for label, run in (("this fleet", sim), ("informed", informed)):
+        late = run.late
+        missed = [j for j in late if j.room is not None]
+        unbound += len(missed) if run is sim else 0
+        seen = sorted({f"{p} {why}" for j in late for p, ws in j.bounds.items() for why in ws})
+        print(
+            f"{label}: {len(late)} job(s) waited past the {target:g} s target"
+            + (
+                f" (longest {max(j.wait for j in late):.0f} s, in "
+                + ", ".join(sorted({j.episode for j in late}))
+                + f"); meanwhile: {'; '.join(seen)}"
+                if late
+                else ""
+            )
+        )
+        for j in missed:
+            print(
+                f"  LATE WITH ROOM: {j.episode}, waited {j.wait:.0f} s; a profile had room at"
+                f" {j.room:%H:%M:%S}"
+            )
+    print(f"target: target_wait_s={target:g} late_jobs={len(sim.late)} late_with_room={unbound}")
     ok = finished and not any(sim.left.values()) and not any(informed.left.values())
+    ok = ok and unbound == 0
     print(
         f"economics: paid_eur={a['paid_eur']:.3f} informed_eur={b['paid_eur']:.3f}"
         f" floor_eur={a['floor_eur']:.3f} gpu_s_per_audio_s={per_audio(a):.3f}"
