@@ -7,12 +7,20 @@ Bounded: the newest `BOOT_SAMPLES` successful boots per profile (request → rea
 newest `MAX_FINISHED` transcribed jobs. A profile with no history has no samples and no speed:
 the planner then falls back to its configured bounds (app/fleet/boot_policy.py) and to one
 worker per waiting job (app/fleet/scaling_policy.py).
+
+Boots are learned per worker image: a new `worker_image` is pulled cold on each new instance,
+so the boots measured with the old one say nothing about it. The reconcile notes each profile's
+image (`IMAGES_KEY`, in Redis); when it sees another one it notes the moment, and only the
+boots requested since count: until `MIN_BOOT_SAMPLES` of them are measured the profile's boot
+timeout is the configured ceiling again, so a slow first pull of a new image is not judged a
+failed boot. A profile seen for the first time keeps its history (nothing says its image changed).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -26,6 +34,8 @@ from app.models import Job, JobStatus, Worker
 log = logging.getLogger("murmur.fleet")
 
 LEARNED_KEY = "murmur:fleet:learned"
+# Hash: profile -> {"image": its worker_image, "since": when the control plane first saw it}.
+IMAGES_KEY = "murmur:fleet:images"
 LEARN_EVERY = timedelta(seconds=60)
 BOOT_SAMPLES = 20
 MAX_FINISHED = 500
@@ -41,6 +51,8 @@ class Learned:
     # Audio seconds transcribed per wall second of processing, over the newest finished jobs.
     speed: dict[str, float] = field(default_factory=dict)
     arrivals: int = 0  # jobs submitted within ARRIVAL_WINDOW before computed_at
+    # The worker image per profile the boots were learned for (a cache of other images is stale).
+    images: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -48,6 +60,7 @@ class Learned:
             "boots": {k: list(v) for k, v in self.boots.items()},
             "speed": self.speed,
             "arrivals": self.arrivals,
+            "images": self.images,
         }
 
     @classmethod
@@ -57,11 +70,56 @@ class Learned:
             boots={k: tuple(float(x) for x in v) for k, v in data.get("boots", {}).items()},
             speed={k: float(v) for k, v in data.get("speed", {}).items()},
             arrivals=int(data.get("arrivals", 0)),
+            images={k: str(v) for k, v in data.get("images", {}).items()},
         )
 
 
-def compute_learned(db: Database, now: datetime) -> Learned:
-    """Read the history now (a few bounded queries)."""
+def image_epochs(
+    client: redis.Redis, images: Mapping[str, str], now: datetime, *, note: bool = False
+) -> dict[str, datetime]:
+    """Per profile whose worker image changed while the control plane watched, since when it
+    has run the current one (`now` for a change seen now). A profile first seen here (a new
+    installation, an upgrade, a Redis that forgot) keeps its whole history: nothing says the
+    image changed. Changes are noted only when `note` (the reconcile's reads): a
+    `murmur fleet` run with another configuration must not move the control plane's note."""
+    since: dict[str, datetime] = {}
+    stored = {
+        k.decode() if isinstance(k, bytes) else str(k): v
+        for k, v in client.hgetall(IMAGES_KEY).items()
+    }
+    for name, image in images.items():
+        raw = stored.get(name)
+        entry: dict[str, Any] = {}
+        try:
+            entry = json.loads(raw) if raw else {}
+            if entry.get("image") == image:
+                if entry.get("since"):
+                    since[name] = datetime.fromisoformat(entry["since"])
+                continue
+        except (ValueError, KeyError, TypeError, AttributeError):
+            entry = {}  # unreadable: as if first seen
+        changed = "image" in entry
+        if changed:
+            since[name] = now
+        if note:
+            value = {"image": image, "since": now.isoformat() if changed else None}
+            client.hset(IMAGES_KEY, name, json.dumps(value))
+            if changed:
+                log.info(
+                    "fleet: profile %s has a new worker image; its boots are learned anew", name
+                )
+    return since
+
+
+def compute_learned(
+    db: Database,
+    now: datetime,
+    images: Mapping[str, str] | None = None,
+    since: Mapping[str, datetime] | None = None,
+) -> Learned:
+    """Read the history now (a few bounded queries). With `since`, a profile's boots count
+    only when requested at or after its moment (the boots of its current worker image)."""
+    since = since or {}
     with db.reader() as s:
         boots_rows = s.execute(
             select(Worker.profile, Worker.requested_at, Worker.ready_at)
@@ -87,6 +145,8 @@ def compute_learned(db: Database, now: datetime) -> Learned:
         a, b = as_utc(requested), as_utc(ready)
         if a is None or b is None or len(boots.get(profile, ())) >= BOOT_SAMPLES:
             continue
+        if profile in since and a < since[profile]:
+            continue  # booted another worker image
         boots.setdefault(profile, []).append(max(0.0, (b - a).total_seconds()))
     audio: dict[str, float] = {}
     wall: dict[str, float] = {}
@@ -100,20 +160,37 @@ def compute_learned(db: Database, now: datetime) -> Learned:
         boots={k: tuple(v) for k, v in boots.items()},
         speed={k: round(audio[k] / wall[k], 3) for k in audio if wall[k] > 0},
         arrivals=len(arrivals),
+        images=dict(images or {}),
     )
 
 
-def read_learned(db: Database, client: redis.Redis, now: datetime) -> Learned:
-    """The cached figures, recomputed when older than LEARN_EVERY (or from a later clock)."""
+def read_learned(
+    db: Database,
+    client: redis.Redis,
+    now: datetime,
+    images: Mapping[str, str] | None = None,
+    *,
+    note: bool = False,
+) -> Learned:
+    """The cached figures, recomputed when older than LEARN_EVERY (or from a later clock) or
+    learned for other worker images than `images` (profile -> worker_image); `note`: see
+    `image_epochs`."""
+    images = dict(images or {})
     try:
         raw = client.get(LEARNED_KEY)
         if raw:
             cached = Learned.from_json(json.loads(raw))
-            if timedelta(0) <= now - cached.computed_at < LEARN_EVERY:
+            fresh = timedelta(0) <= now - cached.computed_at < LEARN_EVERY
+            if fresh and cached.images == images:
                 return cached
     except (redis.RedisError, ValueError, KeyError, TypeError):
         pass  # recompute below
-    learned = compute_learned(db, now)
+    try:
+        since = image_epochs(client, images, now, note=note)
+    except redis.RedisError as exc:
+        log.warning("fleet: cannot read the worker images' history: %s", exc)
+        since = {}  # unknown: as if first seen
+    learned = compute_learned(db, now, images, since)
     try:
         client.set(LEARNED_KEY, json.dumps(learned.to_json()), ex=3600)
     except redis.RedisError as exc:

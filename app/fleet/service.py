@@ -128,7 +128,12 @@ def fleet_overview(
         plan = read_plan(client)
     planned: dict[str, Any] = (plan or {}).get("profiles", {})
     # Without Redis (murmur fleet when the broker is unreachable) the figures are computed anew.
-    history = compute_learned(db, now) if client is None else read_learned(db, client, now)
+    images = {p.name: p.worker_image for p in settings.profiles}
+    history = (
+        compute_learned(db, now, images)
+        if client is None
+        else read_learned(db, client, now, images)
+    )
     rules = fleet_rules(settings)
 
     profiles = [

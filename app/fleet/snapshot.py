@@ -72,7 +72,8 @@ def read_snapshot(
     """Everything the planner needs, read now; `listening_since` comes from the reconcile."""
     rules = fleet_rules(svc.settings)
     db = _read_rows(svc, rules)
-    learned = read_learned(svc.db, svc.redis, now)
+    images = {p.name: p.worker_image for p in svc.settings.profiles}
+    learned = read_learned(svc.db, svc.redis, now, images, note=True)
     instances, known = _inventory(svc, db.workers)
     routes = _routes(svc.settings, db.needs)
     state = FleetState(

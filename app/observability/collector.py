@@ -497,7 +497,8 @@ class MurmurCollector:
 
     def _learned(self, profiles: list[str], now: float) -> Iterator[Metric]:
         """What the fleet measured (app/fleet/learned.py): boot estimate and speed per profile."""
-        history = read_learned(self._db, self._redis, datetime.fromtimestamp(now, UTC))
+        images = {p.name: p.worker_image for p in self._settings.profiles}
+        history = read_learned(self._db, self._redis, datetime.fromtimestamp(now, UTC), images)
         rules = fleet_rules(self._settings)
         boot = GaugeMetricFamily(
             "murmur_fleet_profile_boot_estimate_seconds",

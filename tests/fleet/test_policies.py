@@ -9,12 +9,13 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
+import redis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.db import Database
 from app.fleet.boot_policy import boot_estimate
-from app.fleet.learned import compute_learned
+from app.fleet.learned import IMAGES_KEY, LEARNED_KEY, compute_learned, read_learned
 from app.fleet.planner import (
     Death,
     Delete,
@@ -319,3 +320,45 @@ def test_boots_speed_and_arrivals_are_learned_from_the_history(db: Database) -> 
     assert sorted(learned.boots["l4"]) == [100.0, 120.0, 130.0]
     assert learned.speed == {"l4": 30.0, "p100": 15.0}
     assert learned.arrivals == 2  # submitted within the last 30 minutes
+
+
+def test_a_new_worker_image_is_learned_anew(db: Database, redis_url: str) -> None:
+    """A new image is pulled cold: the old image's boots must not make its timeout tight."""
+    client = redis.Redis.from_url(redis_url)
+    client.delete(LEARNED_KEY, IMAGES_KEY)
+    old, new = (
+        "rg.fr-par.scw.cloud/m/w@sha256:" + "a" * 64,
+        "rg.fr-par.scw.cloud/m/w@sha256:" + "b" * 64,
+    )
+
+    def boot(requested: datetime, seconds: float) -> None:
+        with db.session() as s:
+            s.add(
+                Worker(
+                    profile="l4",
+                    provider="scaleway",
+                    state=WorkerState.DELETED.value,
+                    requested_at=requested,
+                    ready_at=requested + timedelta(seconds=seconds),
+                )
+            )
+
+    for i, seconds in enumerate((100.0, 130.0, 120.0)):
+        boot(ago(3600 + i), seconds)
+
+    def boots(at: datetime, image: str, *, note: bool) -> tuple[float, ...]:
+        return read_learned(db, client, at, {"l4": image}, note=note).boots.get("l4", ())
+
+    # First seen (a new installation, an upgrade): the history stands.
+    assert sorted(boots(NOW, old, note=True)) == [100.0, 120.0, 130.0]
+    # `murmur fleet` with another configuration sees no boots of its image, and moves no note.
+    assert boots(NOW + timedelta(seconds=1), new, note=False) == ()
+    assert sorted(boots(NOW + timedelta(seconds=2), old, note=True)) == [100.0, 120.0, 130.0]
+    # The control plane runs the new image: learned anew, the boot timeout is the ceiling again.
+    rolled = NOW + timedelta(seconds=3)
+    assert boots(rolled, new, note=True) == ()
+    assert boot_estimate((), RULES) == 900
+    boot(rolled + timedelta(seconds=10), 300.0)  # its first, cold pull, slower than 187.5 s
+    assert boots(rolled + timedelta(minutes=5), new, note=True) == (300.0,)
+    # And it stays learned from the new image's boots only, across restarts (Redis holds it).
+    assert boots(rolled + timedelta(minutes=10), new, note=True) == (300.0,)
