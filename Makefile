@@ -3,6 +3,9 @@ VENV    ?= .venv
 PYTHON  ?= python3
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed-stamp
+# Python may cache compiled modules (gitignored __pycache__/): pytest's rewritten test modules
+# are then compiled once, not at every run of the edit-test loop (seconds per test process).
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: install install-whisperx demo up test check test-whisperx lint flower bench clean
 

@@ -333,6 +333,8 @@ def diarization_check() -> list[dict[str, Any]]:
             gc.collect()
             torch.cuda.empty_cache()
     return rows
+
+
 def language_check(facts: Any) -> dict[str, Any]:
     """Issue 20's paths on the GPU: the German sample detected and translated by Whisper base
     (float16, batched, as a GPU worker would run it), and whether the image's large-v3-turbo

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import io
 from pathlib import Path
 from typing import Any
@@ -74,9 +75,15 @@ def silence(
     return buf.getvalue()
 
 
+@functools.lru_cache(maxsize=4)
+def _flac_silence(seconds: float, rate: int) -> bytes:
+    """FLAC silence, encoded once per process (an hour takes seconds to encode)."""
+    return silence("flac", "flac", rate, seconds)
+
+
 def lying_flac(seconds: float, stated_seconds: float, rate: int = 8000) -> bytes:
     """A FLAC of `seconds` of silence whose STREAMINFO total_samples says `stated_seconds`."""
-    data = bytearray(silence("flac", "flac", rate, seconds))
+    data = bytearray(_flac_silence(seconds, rate))
     # STREAMINFO starts at byte 8; its bytes 18-25 (from the file's start) hold the sample
     # rate (20 bits), channels - 1 (3), bits per sample - 1 (5) and total_samples (36).
     packed = int.from_bytes(data[18:26], "big")

@@ -283,7 +283,9 @@ def live_api(
     database = Database(settings.database_url)
     app = create_app(settings, db=database)
     server = make_server("127.0.0.1", port, app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
     thread.start()
     process_env = {
         **os.environ,
@@ -456,6 +458,8 @@ def s3_env(s3_server: Any) -> dict[str, str]:
     bucket = f"murmur-{uuid.uuid4().hex[:16]}"
     s3_server.make_bucket(bucket)
     return dict(s3_server.env(bucket))
+
+
 # --- test tiers ------------------------------------------------------------------------------
 # `make check` is the edit-test loop: `-m "not slow"`, no subprocess stack, no real model.
 # A test is `slow` when it asks for a fixture below (directly or through another fixture), lives

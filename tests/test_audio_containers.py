@@ -45,7 +45,9 @@ def neighbour(tmp_path: Path) -> Iterator[tuple[Path, str, list[str]]]:
             hits.append(self.path)
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    ).start()
     try:
         yield target, f"http://127.0.0.1:{server.server_address[1]}/secret.wav", hits
     finally:

@@ -249,7 +249,9 @@ def test_webhook_is_signed_and_retried(
     _Receiver.received = []
     _Receiver.fail_first = 1  # the first delivery fails: the second, after back-off, lands
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    ).start()
     try:
         start_worker()
         hook = f"http://127.0.0.1:{server.server_address[1]}/hook"
@@ -301,7 +303,9 @@ class _AudioServer(BaseHTTPRequestHandler):
 
 def test_url_jobs(live_api: LiveApi, start_worker: Any, io_worker: Any) -> None:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _AudioServer)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    ).start()
     base = f"http://127.0.0.1:{server.server_address[1]}"
     try:
         start_worker()

@@ -315,7 +315,9 @@ def other_host() -> Iterator[str]:
     """An HTTP server on another loopback address: the bucket's host, not the API's."""
     _Recorder.seen = []
     server = ThreadingHTTPServer(("127.0.0.2", 0), _Recorder)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
     thread.start()
     yield f"http://127.0.0.2:{server.server_address[1]}"
     server.shutdown()

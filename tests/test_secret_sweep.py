@@ -98,7 +98,9 @@ def loopback() -> Iterator[tuple[str, list[tuple[dict[str, str], bytes]]]]:
     hooks: list[tuple[dict[str, str], bytes]] = []
     handler = type("Handler", (_Loopback,), {"hooks": hooks})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
     thread.start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}", hooks

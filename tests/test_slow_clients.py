@@ -96,8 +96,9 @@ def test_kept_alive_connections_still_serve_several_requests(server: Gunicorn) -
 
 
 def test_an_upload_finding_every_probe_slot_taken_is_503_and_leaves_nothing(
-    client: Any, tmp_path: Path
+    client: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    monkeypatch.setattr(slow_work, "WAIT_SECONDS", 0.2)  # the wait is not what is tested
     held = 0
     for _ in range(slow_work.SLOTS):
         assert slow_work._slots.acquire(timeout=1)
@@ -120,7 +121,10 @@ def test_an_upload_finding_every_probe_slot_taken_is_503_and_leaves_nothing(
     assert left == []
 
 
-def test_a_url_job_finding_every_slot_taken_is_503(client: Any) -> None:
+def test_a_url_job_finding_every_slot_taken_is_503(
+    client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(slow_work, "WAIT_SECONDS", 0.2)  # the wait is not what is tested
     held = 0
     for _ in range(slow_work.SLOTS):
         assert slow_work._slots.acquire(timeout=1)

@@ -212,7 +212,9 @@ def served(tmp_path: Path, private_redis: PrivateRedis) -> Iterator[tuple[str, S
     db = Database(url)
     port = free_port()
     server = make_server("127.0.0.1", port, create_app(settings, db=db), threaded=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    ).start()
     try:
         yield f"http://127.0.0.1:{port}", settings, db
     finally:

@@ -76,9 +76,7 @@ CASES: list[tuple[Case, dict[str, frozenset[str]]]] = [
             "a re-routed German job goes back to a multilingual profile, never to en",
             [prof(EN), prof(MULTI, max_workers=2)],
             workers=[wkr("e1", EN), wkr("m2", MULTI)],
-            active=[
-                ActiveJob("g1", MULTI, "running", worker_id="gone", dispatched_at=ago(60))
-            ],
+            active=[ActiveJob("g1", MULTI, "running", worker_id="gone", dispatched_at=ago(60))],
             counts=[JobCounts(MULTI, running=1)],
             expect={"requeue g1 from multi", "dispatch g1->multi"},
         ),

@@ -110,7 +110,9 @@ def test_smoke_on_the_emulator_transcribes_with_a_real_worker_and_leaves_nothing
     )
     api_db = Database(settings.database_url)
     server = make_server("127.0.0.1", port, create_app(settings, db=api_db), threaded=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    ).start()
     svc = process_services(settings)
     lines: list[str] = []
     try:

@@ -96,7 +96,9 @@ def control_plane() -> Iterator[tuple[ControlPlaneDouble, str]]:
     double = ControlPlaneDouble()
     server = ThreadingHTTPServer(("127.0.0.1", 0), double.handler())
     server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
     thread.start()
     try:
         yield double, f"http://127.0.0.1:{server.server_address[1]}"

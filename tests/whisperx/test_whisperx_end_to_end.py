@@ -87,7 +87,9 @@ def whisperx_api(clean_redis: redis.Redis, tmp_path: Path) -> Iterator[LiveApi]:
     settings = make_settings(database_url, REDIS_URL, tmp_path, **env)
     database = Database(settings.database_url)
     server = make_server("127.0.0.1", port, create_app(settings, db=database), threaded=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    ).start()
     process_env = {
         "MURMUR_API_TOKEN": f"{API_TOKEN},{OTHER_TOKEN}",
         "MURMUR_SIGNING_KEY": SIGNING_KEY,
