@@ -34,7 +34,8 @@ from app.models import Job, JobStatus, Worker
 log = logging.getLogger("murmur.fleet")
 
 LEARNED_KEY = "murmur:fleet:learned"
-# Hash: profile -> {"image": its worker_image, "since": when the control plane first saw it}.
+# Hash: profile -> {"image": its worker_image, "since": when the reconcile saw it replace another
+# one (null: the first image seen, whose history is kept)}.
 IMAGES_KEY = "murmur:fleet:images"
 LEARN_EVERY = timedelta(seconds=60)
 BOOT_SAMPLES = 20
