@@ -26,8 +26,13 @@ are disabled exactly while infeasible (stock-out, broken image), the price of fi
 being the difference. Leaks are read back at the end of each: servers, IPs and volumes from
 the emulator, and the Redis ACL users of the run's workers.
 
+After each reconcile the bench also records what kept each profile from one more worker (at
+max_workers, out of stock, held, disabled, at the budget, or nothing); a transcribed job that
+started later than fleet.target_wait_seconds after its submission while some profile had room
+is a policy miss, printed as LATE WITH ROOM.
+
 Bounded: at most MAX_ROUNDS reconciles per run and MAX_WALL_SECONDS of wall time in all;
-exits non-zero if a day did not finish or anything leaked.
+exits non-zero if a day did not finish, anything leaked or a job was late with room.
 Run: .venv/bin/python bench/fleet_economics.py [--smoke] [--set NAME=VALUE]...
 (MURMUR_BENCH_REDIS_URL, default redis://127.0.0.1:6379/13: a database it empties).
 """

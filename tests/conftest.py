@@ -470,6 +470,7 @@ def s3_env(s3_server: Any) -> dict[str, str]:
 SLOW_FIXTURES = frozenset(
     {
         "control_worker",  # a Celery worker process
+        "fake_worker",  # a stand-in worker process of the local provider (tests/fleet)
         "io_worker",  # the I/O Celery worker process
         "s3_server",  # the S3-compatible server process (moto)
         "start_worker",  # a GPU worker process, with the real model

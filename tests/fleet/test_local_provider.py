@@ -119,9 +119,12 @@ def test_a_profile_worker_python_runs_its_worker(
     )
     s = Settings(profiles=(LOCAL_CPU_PROFILE, profile), signing_key=SIGNING_KEY)  # type: ignore[arg-type]
     provider = LocalProvider(s, state_dir=tmp_path / "state", command=fake_worker)
-    diarizing = provider.create(profile, "wrk_p", binder(s, profile, "wrk_p"))
-    plain = provider.create(LOCAL_CPU_PROFILE, "wrk_q", binder(s, LOCAL_CPU_PROFILE, "wrk_q"))
+    created = []
     try:
+        diarizing = provider.create(profile, "wrk_p", binder(s, profile, "wrk_p"))
+        created.append(diarizing)
+        plain = provider.create(LOCAL_CPU_PROFILE, "wrk_q", binder(s, LOCAL_CPU_PROFILE, "wrk_q"))
+        created.append(plain)
         env = env_of(tmp_path, "wrk_p")
         # The profile's thread count wins over the one the control plane's environment sets.
         assert env["MURMUR_PROFILE"] == "local-diarize" and env["MURMUR_CPU_THREADS"] == "1"
@@ -134,8 +137,8 @@ def test_a_profile_worker_python_runs_its_worker(
         }
         assert psutil.Process(pids["wrk_p"]).cmdline() == [str(python), *fake_worker[1:]]
         assert psutil.Process(pids["wrk_q"]).cmdline() == fake_worker
-    finally:
-        for instance in (diarizing, plain):
+    finally:  # whatever was started, even when the second create fails
+        for instance in created:
             provider.delete(instance.instance_id, instance.resources)
 
 
