@@ -29,6 +29,7 @@ from tests.conftest import LiveApi, wait_for
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
+LONG = REPO / "tests" / "fixtures" / "speech-90s.wav"
 SAMPLE = REPO / "samples" / "welcome.wav"
 
 
@@ -85,7 +86,10 @@ def test_ctrl_c_deletes_everything_it_created(live_api: LiveApi, tmp_path: Path)
     state_dir = tmp_path / "instances"
     env = {**live_api.env, "MURMUR_LOCAL_STATE_DIR": str(state_dir)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "smoke", "--timeout", "300"],
+        # 90 s of speech: its transcription lasts long enough that the Ctrl-C below lands
+        # while the job runs, even on a loaded machine (the short sample was done in 3 s,
+        # sometimes before the signal).
+        [sys.executable, "-m", "app.cli", "smoke", "--timeout", "300", "--audio", str(LONG)],
         cwd=REPO,
         env=env,
         stdout=subprocess.PIPE,
@@ -95,7 +99,7 @@ def test_ctrl_c_deletes_everything_it_created(live_api: LiveApi, tmp_path: Path)
         wait_for(lambda: list(state_dir.glob("local-*.json")), 60, "the worker to be created")
 
         def submitted() -> bool:
-            with live_api.db.session() as s:
+            with live_api.db.reader() as s:  # no write lock: never waits on the smoke's writes
                 return s.scalars(select(Job)).first() is not None
 
         wait_for(submitted, 60, "the job to be submitted", step=0.05)
