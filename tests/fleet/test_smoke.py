@@ -94,6 +94,10 @@ def test_ctrl_c_deletes_everything_it_created(live_api: LiveApi, tmp_path: Path)
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
+        # A suite started in the background (`cmd &` in a script, nohup) ignores SIGINT, and
+        # the smoke command inherits that: it would finish as if never interrupted. The user
+        # at a terminal has it at its default, which is what this test is about.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         wait_for(lambda: list(state_dir.glob("local-*.json")), 60, "the worker to be created")
