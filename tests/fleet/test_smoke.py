@@ -86,9 +86,8 @@ def test_ctrl_c_deletes_everything_it_created(live_api: LiveApi, tmp_path: Path)
     state_dir = tmp_path / "instances"
     env = {**live_api.env, "MURMUR_LOCAL_STATE_DIR": str(state_dir)}
     proc = subprocess.Popen(
-        # 90 s of speech: its transcription lasts long enough that the Ctrl-C below lands
-        # while the job runs, even on a loaded machine (the short sample was done in 3 s,
-        # sometimes before the signal).
+        # 90 s of speech: the job is still running when the Ctrl-C below lands, with seconds
+        # to spare on any machine (the 3 s sample left little).
         [sys.executable, "-m", "app.cli", "smoke", "--timeout", "300", "--audio", str(LONG)],
         cwd=REPO,
         env=env,
