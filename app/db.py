@@ -11,7 +11,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, DateTime, Dialect, Engine, Select, create_engine, event, exc
+from sqlalchemy import (
+    CursorResult,
+    DateTime,
+    Dialect,
+    Engine,
+    Select,
+    create_engine,
+    event,
+    exc,
+    inspect,
+)
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 from sqlalchemy.types import TypeDecorator
 
@@ -235,6 +245,18 @@ class Database:
     def ping(self) -> None:
         with self.engine.connect() as conn:
             conn.exec_driver_sql("SELECT 1")
+
+    def schema_revision(self) -> str | None:
+        """The Alembic revision the database's schema is at; None when it has none (a new
+        file, an empty database). A database that does not answer raises, as `ping` does."""
+        with self.engine.connect() as conn:
+            try:
+                return conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalar()
+            except exc.DBAPIError:
+                conn.rollback()  # PostgreSQL's transaction is aborted after the error
+                if inspect(conn).has_table("alembic_version"):
+                    raise  # the table is there: the error was something else (locked, down)
+                return None
 
     def dispose(self) -> None:
         self.engine.dispose()

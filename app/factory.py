@@ -33,6 +33,11 @@ class ApiStartupRefused(StartupRefused, AppImportError):  # type: ignore[misc]
     and stops (exit 4) instead of logging a traceback and booting workers again."""
 
 
+class ApiCannotStart(AppImportError):  # type: ignore[misc]
+    """The API's refusal to start on a database it cannot serve on (see `ApiStartupRefused`
+    for why an `AppImportError`)."""
+
+
 class _Api(Flask):
     def make_default_options_response(self) -> Response:
         """OPTIONS: 204 with the Allow header and no body (Flask would send empty HTML)."""
@@ -49,10 +54,12 @@ def create_app(
     celery: Celery | None = None,
     clock: Clock = utc_clock,
 ) -> Flask:
+    own_start = False
     if settings is None:
         # A process's own start (`gunicorn 'app:create_app()'`, `murmur api`): it refuses the
         # configuration `murmur validate-config --role api` refuses, before serving anything.
         # A caller that passes its settings (tests, tools) has chosen them.
+        own_start = True
         settings = load_settings()
         problems = check_settings(settings, role="api")
         if problems:
@@ -69,6 +76,14 @@ def create_app(
     app.extensions["murmur"] = build_services(
         settings, celery, db=db, clock=clock, redis_connect_timeout=2
     )
+    if own_start:
+        # Nor does it serve on a database nobody migrated (every request would be a 500 on
+        # a missing table): say so once, at the start.
+        from app.migrate import database_schema_problem
+
+        problem = database_schema_problem(app.extensions["murmur"].db)
+        if problem is not None:
+            raise ApiCannotStart(f"cannot start the API: {problem}")
     app.extensions[SYNC_SLOTS] = SyncSlots(settings.api.sync_max_waiting)
     register_error_handlers(app)
     app.before_request(check_request_text)

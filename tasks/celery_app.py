@@ -26,6 +26,22 @@ def _refuse(process: str, role: str) -> None:
         raise SystemExit(1) from None
 
 
+def _refuse_unmigrated(process: str) -> None:
+    """Stop a worker whose database nobody migrated: each task would fail on a missing table
+    and be retried into the dead-letter state. (Beat does not use the database.)"""
+    from app.db import Database
+    from app.migrate import database_schema_problem
+
+    db = Database(load_settings().database_url)
+    try:
+        problem = database_schema_problem(db)
+    finally:
+        db.dispose()
+    if problem is not None:
+        print(f"cannot start the {process}: {problem}", file=sys.stderr, flush=True)
+        raise SystemExit(1)
+
+
 @signals.celeryd_after_setup.connect
 def _check_worker_settings(sender: Any = None, instance: Any = None, **kwargs: Any) -> None:
     # The queues are known here (after -Q): the control worker alone creates servers and
@@ -33,10 +49,11 @@ def _check_worker_settings(sender: Any = None, instance: Any = None, **kwargs: A
     if instance is None or instance.app is not celery_app:
         return  # another Celery app's worker in a process that imported this one
     queues = set(instance.app.amqp.queues.consume_from or ())
-    if CONTROL_QUEUE in queues:
-        _refuse("control worker", "control")
-    else:
-        _refuse("Celery worker", "api")
+    process, role = (
+        ("control worker", "control") if CONTROL_QUEUE in queues else ("Celery worker", "api")
+    )
+    _refuse(process, role)
+    _refuse_unmigrated(process)
 
 
 @signals.beat_init.connect
