@@ -125,13 +125,15 @@ def acl_redis(tmp_path: Path) -> Iterator[AclRedis]:
         proc.wait(timeout=10)
 
 
-def _wait(condition: object, timeout: float, what: str) -> None:
+def _wait(
+    condition: object, timeout: float, what: str, detail: Callable[[], str] | None = None
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if condition():  # type: ignore[operator]
             return
         time.sleep(0.1)
-    pytest.fail(f"timed out waiting for {what}")
+    pytest.fail(f"timed out waiting for {what}" + (f"; {detail()}" if detail else ""))
 
 
 def test_a_worker_user_runs_a_real_celery_worker_and_reaches_nothing_else(
@@ -605,17 +607,25 @@ def test_a_real_worker_consumes_again_once_the_sweep_re_created_its_user(
     fleet.reconcile()
     (worker,) = fleet.workers()
     url, queue, out = _worker_url(fleet, worker), "transcribe.l4-par2", tmp_path / "jobs.txt"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", WORKER_SCRIPT, url, queue, f"{worker.id}@i-1", str(out)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
-    )
+    log = tmp_path / "worker.log"
+    with log.open("wb") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", WORKER_SCRIPT, url, queue, f"{worker.id}@i-1", str(out)],
+            stdout=subprocess.DEVNULL,
+            stderr=log_file,
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        )
     sender = Celery("control", set_as_current=False)
     sender.conf.update(broker_url=acl_redis.control_url)
     try:
         sender.send_task("murmur.transcribe", args=["job-1"], queue=queue)
         _wait(lambda: out.exists() and out.read_text() == "job-1\n", 60, "job-1")
+        # The job's file is written before its ack: lose the user only once the ack is in, so
+        # the worker is idle. A user lost mid-job loses the ack, and kombu's consumer then
+        # stalls for good; that is gpu_worker/liveness.py's case, which this bare worker lacks
+        # (tests/worker/test_worker_broker_loss.py runs it with the real worker).
+        unacked = unacked_keys(queue)["unacked_key"]
+        _wait(lambda: not acl_redis.control.hlen(unacked), 10, "job-1's ack")
         _lose_every_worker_user(acl_redis)  # its connections are closed with it
         sender.send_task("murmur.transcribe", args=["job-2"], queue=queue)
         time.sleep(3)
@@ -623,10 +633,15 @@ def test_a_real_worker_consumes_again_once_the_sweep_re_created_its_user(
         assert proc.poll() is None  # it keeps trying
         healed = time.monotonic()
         broker_users.sweep_users(fleet.svc)
-        _wait(lambda: out.read_text() == "job-1\njob-2\n", 60, "job-2 after the sweep")
+        _wait(
+            lambda: out.read_text() == "job-1\njob-2\n",
+            60,
+            "job-2 after the sweep",
+            lambda: f"jobs run: {out.read_text()!r}; worker log:\n{log.read_text()[-4000:]}",
+        )
         print(f"\nworker consuming again {time.monotonic() - healed:.1f} s after the sweep")
     finally:
         proc.terminate()
-        _, err = proc.communicate(timeout=30)
+        proc.wait(timeout=30)
         sender.close()
-    assert broker_password(SIGNING_KEY, 2, worker.id).encode() not in err
+    assert broker_password(SIGNING_KEY, 2, worker.id).encode() not in log.read_bytes()
