@@ -27,8 +27,8 @@ def _refuse(process: str, role: str) -> None:
 
 
 def _refuse_unmigrated(process: str) -> None:
-    """Stop a worker whose database nobody migrated: each task would fail on a missing table
-    and be retried into the dead-letter state. (Beat does not use the database.)"""
+    """Stop a worker whose database nobody migrated: each of its tasks would fail on a missing
+    table or column. (Beat does not use the database.)"""
     from app.db import Database
     from app.migrate import database_schema_problem
 
