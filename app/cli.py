@@ -81,18 +81,6 @@ def _store_problems(settings: Settings) -> list[str]:
     return open_store(settings).problems()
 
 
-def _schema_problem(settings: Settings) -> str | None:
-    """Whether the configured database is one this release can serve on (migrated)."""
-    from app.db import Database
-    from app.migrate import database_schema_problem
-
-    db = Database(settings.database_url)
-    try:
-        return database_schema_problem(db)
-    finally:
-        db.dispose()
-
-
 @main.group()
 def db() -> None:
     """Database schema commands."""
@@ -131,7 +119,9 @@ def api(workers: int, threads: int) -> None:
     if problems:
         click.echo(str(StartupRefused("API", problems, "api")), err=True)
         sys.exit(1)
-    schema = _schema_problem(settings)
+    from app.migrate import configured_schema_problem
+
+    schema = configured_schema_problem(settings.database_url)
     if schema is not None:
         click.echo(f"cannot start the API: {schema}", err=True)
         sys.exit(1)

@@ -74,3 +74,15 @@ def database_schema_problem(db: Database) -> str | None:
         return None
     problem = schema_problem(revision)
     return None if problem is None else f"the database {database_where(db.url)}: {problem}"
+
+
+def configured_schema_problem(url: str) -> str | None:
+    """`database_schema_problem` of the database at `url`, on a connection opened for it: a
+    process's check at its start, before it has a pool of its own."""
+    from app.db import Database
+
+    db = Database(url)
+    try:
+        return database_schema_problem(db)
+    finally:
+        db.dispose()

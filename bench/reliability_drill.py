@@ -40,7 +40,7 @@ import sys
 import time
 import uuid
 import wave
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -561,22 +561,14 @@ def table(rows: list[Row]) -> str:
     return head + "\n".join(lines) + "\n"
 
 
-@contextlib.contextmanager
-def throwaway_postgres() -> Iterator[str]:
+def throwaway_postgres() -> contextlib.AbstractContextManager[str]:
     """A database of its own on MURMUR_BENCH_POSTGRES_URL's server, dropped at the end."""
-    import psycopg
+    from tests.conftest import throwaway_database
 
     server = os.environ.get(
         "MURMUR_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
     )
-    name = f"murmur_drill_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(server, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield f"{server.rsplit('/', 1)[0]}/{name}"
-    finally:
-        with psycopg.connect(server, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    return throwaway_database(server, "murmur_drill")
 
 
 def main(argv: list[str]) -> int:

@@ -29,14 +29,9 @@ def _refuse(process: str, role: str) -> None:
 def _refuse_unmigrated(process: str) -> None:
     """Stop a worker whose database nobody migrated: each of its tasks would fail on a missing
     table or column. (Beat does not use the database.)"""
-    from app.db import Database
-    from app.migrate import database_schema_problem
+    from app.migrate import configured_schema_problem
 
-    db = Database(load_settings().database_url)
-    try:
-        problem = database_schema_problem(db)
-    finally:
-        db.dispose()
+    problem = configured_schema_problem(load_settings().database_url)
     if problem is not None:
         print(f"cannot start the {process}: {problem}", file=sys.stderr, flush=True)
         raise SystemExit(1)

@@ -9,6 +9,7 @@ a test steps it, injected as `Services.clock` (app/services.py).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -172,6 +173,20 @@ class _SharedDatabase:
 
     def drop(self) -> None:
         self._admin(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+
+
+@contextlib.contextmanager
+def throwaway_database(server: str, prefix: str) -> Iterator[str]:
+    """A new, empty database named `prefix_<random>` on `server` (an admin URL), dropped at
+    the end even with connections left open."""
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"{server.rsplit('/', 1)[0]}/{name}"
+    finally:
+        with psycopg.connect(server, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture(scope="session")

@@ -6,15 +6,12 @@ answer is left to /readyz."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 from click.testing import CliRunner
 from sqlalchemy import text
@@ -24,24 +21,17 @@ from app.cli import main
 from app.db import Database
 from app.factory import ApiCannotStart
 from app.migrate import database_schema_problem, head_revision, upgrade
-from tests.conftest import API_TOKEN, REDIS_URL, SIGNING_KEY, free_port, make_settings
+from tests.conftest import (
+    API_TOKEN,
+    REDIS_URL,
+    SIGNING_KEY,
+    free_port,
+    make_settings,
+    throwaway_database,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 UPGRADE = "run `murmur db upgrade`"
-
-
-@contextlib.contextmanager
-def _new_postgres_database(server: str) -> Iterator[str]:
-    """A new, empty PostgreSQL database of the test's own (the session's shared one keeps
-    its Alembic version), dropped after."""
-    name = f"murmur_schema_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(server, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield f"{server.rsplit('/', 1)[0]}/{name}"
-    finally:
-        with psycopg.connect(server, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -50,7 +40,7 @@ def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path}/murmur.db"
         return
-    with _new_postgres_database(request.getfixturevalue("postgres_server")) as url:
+    with throwaway_database(request.getfixturevalue("postgres_server"), "murmur_schema") as url:
         yield url
 
 
@@ -126,7 +116,7 @@ def test_the_api_refuses_to_start_on_a_database_nobody_migrated(
 def test_the_refusal_names_a_postgresql_database_without_its_password(
     postgres_server: str, tmp_path: Path
 ) -> None:
-    with _new_postgres_database(postgres_server) as empty:
+    with throwaway_database(postgres_server, "murmur_schema") as empty:
         # The test server trusts local connections: any password is accepted, none shown.
         url = empty.replace("postgres@", "postgres:hunter2secret@", 1)
         assert "hunter2secret" in url
