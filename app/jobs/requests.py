@@ -574,6 +574,65 @@ class OpenAITranslationForm(_Request):
         )
 
 
+def _wasr_output(value: Any) -> Any:
+    if value is None or value == "":
+        return "txt"
+    if value not in WASR_OUTPUTS:
+        raise Refused("invalid_format", f"output must be one of {', '.join(WASR_OUTPUTS)}")
+    return value
+
+
+class WasrQuery(_Request):
+    """What whisper-asr-webservice's endpoints take in their query strings (their audio is
+    the multipart part `audio_file`)."""
+
+    unknown_names: ClassVar[str] = "query parameter(s)"
+    encode: Annotated[
+        Flag,
+        Field(
+            description="true: the audio is a file in any container (decoded as uploaded); "
+            "false: raw 16-bit little-endian mono PCM at 16 kHz"
+        ),
+    ] = True
+
+
+class WasrAsrQuery(WasrQuery):
+    """POST /asr: whisper-asr-webservice's transcription, its parameter names and defaults."""
+
+    task: TaskField = "transcribe"
+    language: Language = None
+    initial_prompt: InitialPrompt = None
+    # Absent: the profile's VAD, as whisper-asr-webservice's WhisperX engine always runs it.
+    vad_filter: VadFilter = True
+    word_timestamps: Flag = False
+    output: Annotated[
+        str,
+        Field(json_schema_extra={"enum": list(WASR_OUTPUTS)}),
+        BeforeValidator(_wasr_output),
+    ] = "txt"
+    diarize: Flag = False
+    min_speakers: Speakers = None
+    max_speakers: Speakers = None
+
+    @model_validator(mode="after")
+    def _speakers(self) -> WasrAsrQuery:
+        _speaker_bounds(self.diarize, self.min_speakers, self.max_speakers)
+        return self
+
+    def options(self) -> JobOptions:
+        return JobOptions(
+            language=self.language,
+            prompt=self.initial_prompt,
+            word_timestamps=self.word_timestamps,
+            webhook_url=None,
+            task=self.task,
+            diarize=self.diarize,
+            min_speakers=self.min_speakers,
+            max_speakers=self.max_speakers,
+            vad_filter=self.vad_filter,
+        )
+
+
 class JobListQuery(BaseModel):
     """GET /v1/jobs: a page of the owner's jobs, newest first."""
 
