@@ -57,6 +57,8 @@ from gpu_worker.protocol.claim import MAX_TEMPERATURE, MIN_TEMPERATURE
 
 # The multipart part that carries the audio: a file, not a form field, so no model holds it.
 UPLOAD_PART = "file"
+# whisper-asr-webservice's name for it (POST /asr, POST /detect-language).
+WASR_UPLOAD_PART = "audio_file"
 PROMPT_CHARS = 2000
 OpenAIFormat = Literal["json", "text", "srt", "vtt", "verbose_json"]
 OPENAI_FORMATS: tuple[str, ...] = get_args(OpenAIFormat)
@@ -354,6 +356,8 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     # How a refusal of unknown names calls them ("field(s)" of a JSON body, "form field(s)").
     unknown_names: ClassVar[str] = "field(s)"
+    # The multipart part that carries the audio, where the request is a form.
+    upload_part: ClassVar[str] = UPLOAD_PART
 
     @model_validator(mode="before")
     @classmethod
@@ -445,7 +449,7 @@ def _no_stream(value: bool) -> bool:
         raise Refused(
             "invalid_parameter",
             "stream=true is not supported on /v1/audio/translations: send stream=false (or "
-            "nothing) for the whole answer, or follow GET /v1/jobs/{job_id}/events",
+            "nothing) for the whole answer",
             param="stream",
         )
     return value
@@ -550,7 +554,10 @@ class OpenAITranslationForm(_Request):
     stream: Annotated[
         Flag,
         AfterValidator(_no_stream),
-        Field(description="Only false: a translation answers once, whole"),
+        Field(
+            description="Only false: a translation answers once, whole",
+            json_schema_extra={"enum": [False]},
+        ),
     ] = False
     unsupported: ClassVar[Mapping[str, str]] = {
         **OPENAI_UNSUPPORTED,
@@ -580,6 +587,13 @@ def _wasr_output(value: Any) -> Any:
     if value not in WASR_OUTPUTS:
         raise Refused("invalid_format", f"output must be one of {', '.join(WASR_OUTPUTS)}")
     return value
+
+
+class WasrForm(_Request):
+    """The multipart form of whisper-asr-webservice's endpoints: the audio part alone."""
+
+    unknown_names: ClassVar[str] = "form field(s)"
+    upload_part: ClassVar[str] = WASR_UPLOAD_PART
 
 
 class WasrQuery(_Request):

@@ -31,7 +31,7 @@ from werkzeug.datastructures import FileStorage
 
 from app.auth import require_api_token
 from app.context import services
-from app.errors import ApiError, Refused
+from app.errors import ApiError
 from app.inputs import refuse_repeated
 from app.jobs import requests
 from app.jobs.formats import render, to_verbose_json
@@ -44,7 +44,6 @@ from gpu_worker.protocol.bounds import finite_or_none
 
 wasr_bp = Blueprint("wasr", __name__)
 
-AUDIO_PART = "audio_file"
 # What whisper-asr-webservice's encode=false audio is, and what detection keeps.
 PCM_RATE = 16000
 DETECT_SECONDS = 30
@@ -60,13 +59,14 @@ def _audio_file() -> FileStorage:
     text_parts = [name for name, _ in request.form.items(multi=True)]
     file_parts = [name for name, _ in request.files.items(multi=True)]
     refuse_repeated([*text_parts, *file_parts], "form field")
-    unknown = sorted({str(name) for name in [*text_parts, *file_parts]} - {AUDIO_PART})
-    if unknown:
-        raise Refused("unknown_field", f"unknown form field(s): {', '.join(unknown)}")
-    upload = request.files.get(AUDIO_PART)
+    form = requests.WasrForm
+    requests.refuse_unknown(form, [n for n in [*text_parts, *file_parts] if n != form.upload_part])
+    upload = request.files.get(form.upload_part)
     if upload is None:
         raise ApiError(
-            400, "missing_file", f"send the audio as a multipart form field named '{AUDIO_PART}'"
+            400,
+            "missing_file",
+            f"send the audio as a multipart form field named '{form.upload_part}'",
         )
     return upload
 
