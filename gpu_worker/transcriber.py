@@ -155,6 +155,11 @@ def _empty(language: str) -> Transcript:
     return Transcript(text="", language=language, duration=0.0, segments=[])
 
 
+def _between_batches(checkpoint: Checkpoint | None) -> dict[str, Any]:
+    """WhisperX reports progress after every batch: its callback is our checkpoint."""
+    return {} if checkpoint is None else {"progress_callback": lambda _percent: checkpoint()}
+
+
 def _check_task(task: Task, multilingual: bool, model_name: str) -> None:
     # The control plane routes translations to multilingual models only; fail closed anyway.
     if task == "translate" and not multilingual:
@@ -472,11 +477,9 @@ class WhisperXTranscriber:
         language = _check_language(language, not self._english_only, self.model_name)
         if samples.size == 0:
             return _empty(language or "en")
-        duration = samples.shape[0] / SAMPLE_RATE
-        # The batched pass cuts the audio at VAD chunks: a job without VAD decodes sequentially.
-        no_batch = word_timestamps and (self._align_model is None or language != "en")
-        if no_batch or not vad_filter:
-            # WhisperX's batched pass has no timestamps inside a VAD chunk, and the only
+        if not vad_filter or (word_timestamps and (self._align_model is None or language != "en")):
+            # The batched pass runs on VAD chunks: a job without VAD decodes sequentially.
+            # For words: it has no timestamps inside a VAD chunk, and the only
             # alignment model baked in is English (a detected language is not known yet):
             # otherwise faster-whisper's cross-attention word timing on the same resident
             # model is the honest fallback.
@@ -492,13 +495,7 @@ class WhisperXTranscriber:
             )
 
         # The prompt lives in the pipeline's options; set it per job, reset it after.
-        self._pipeline.options = replace(self._base_options, initial_prompt=prompt or None)
-        if temperature is not None:
-            self._pipeline.options = replace(self._pipeline.options, temperatures=[temperature])
-        between_batches: dict[str, Any] = {}
-        if checkpoint is not None:
-            # WhisperX reports progress after every batch; its callback is our checkpoint.
-            between_batches["progress_callback"] = lambda _percent: checkpoint()
+        self._pipeline.options = self._job_options(prompt, temperature)
         if language is None:
             # WhisperX keeps the last job's tokenizer, and with it that job's language, for a
             # call without one: drop it so this job's language is detected, not inherited.
@@ -511,7 +508,7 @@ class WhisperXTranscriber:
                 # Always explicit: WhisperX would otherwise keep the last job's task too.
                 task=task,
                 chunk_size=CHUNK_SECONDS,
-                **between_batches,
+                **_between_batches(checkpoint),
             )
         finally:
             self._pipeline.options = self._base_options
@@ -538,9 +535,14 @@ class WhisperXTranscriber:
             language=detected,
             # WhisperX's batched pass does not report the detection's probability.
             task=task,
-            duration=duration,
+            duration=samples.shape[0] / SAMPLE_RATE,
             segments=segments,
         )
+
+    def _job_options(self, prompt: str | None, temperature: float | None) -> Any:
+        """The pipeline's options for one job: its prompt, and its one temperature if set."""
+        options = replace(self._base_options, initial_prompt=prompt or None)
+        return options if temperature is None else replace(options, temperatures=[temperature])
 
     def _sequential_with_words(
         self,
