@@ -96,8 +96,8 @@ def create_app(
     from app.health import health_bp
     from app.internal import internal_bp
     from app.jobs.views import jobs_bp
-    from app.jobs.wasr import wasr_bp
     from app.observability.views import observability_bp
+    from app.wasr.views import wasr_bp
 
     blueprints = (health_bp, docs_bp, jobs_bp, wasr_bp, internal_bp, fleet_bp, observability_bp)
     for blueprint in blueprints:

@@ -167,7 +167,7 @@ def _sync_audio_op(
 
 
 def _wasr_paths(idempotency_key: dict[str, Any]) -> dict[str, Any]:
-    """whisper-asr-webservice's endpoints (app/jobs/wasr.py): synchronous jobs like the OpenAI
+    """whisper-asr-webservice's endpoints (app/wasr/views.py): synchronous jobs like the OpenAI
     ones, answering in that service's shapes."""
     # 414: their options travel in the query string, and a request line has a limit.
     refusals = ("400", "401", "408", "409", "413", "414", "415", "422", "502", "503", "504")
