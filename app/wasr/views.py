@@ -22,6 +22,8 @@ from __future__ import annotations
 import json
 import tempfile
 import wave
+from collections.abc import Iterator
+from itertools import chain
 from typing import IO, Any
 from urllib.parse import quote
 
@@ -116,8 +118,9 @@ def _first_seconds(upload: FileStorage, seconds: int) -> FileStorage:
             streams = [s for s in container.streams if s.type == "audio"]
             if not streams:
                 raise UndecodableAudio("the file has no audio stream")
-            for frame in decoded_frames(container, streams[0]):
-                if not 0 < frame.sample_rate <= MAX_SAMPLE_RATE:
+            frames: Iterator[Any] = decoded_frames(container, streams[0])
+            for frame in chain(frames, [None]):  # None: the resampler's buffered tail
+                if frame is not None and not 0 < frame.sample_rate <= MAX_SAMPLE_RATE:
                     raise UndecodableAudio("a decoded frame has no usable sample rate")
                 for pcm in resampler.resample(frame):
                     data = bytes(pcm.planes[0])[: 2 * pcm.samples]
