@@ -91,12 +91,15 @@ def create_app(
     if problem is not None:  # names the rule, never the token
         log.warning("/metrics stays disabled: %s", problem)
 
+    from app.api_docs import docs_bp
     from app.fleet.views import fleet_bp
     from app.health import health_bp
     from app.internal import internal_bp
     from app.jobs.views import jobs_bp
     from app.observability.views import observability_bp
+    from app.wasr.views import wasr_bp
 
-    for blueprint in (health_bp, jobs_bp, internal_bp, fleet_bp, observability_bp):
+    blueprints = (health_bp, docs_bp, jobs_bp, wasr_bp, internal_bp, fleet_bp, observability_bp)
+    for blueprint in blueprints:
         app.register_blueprint(blueprint)
     return app

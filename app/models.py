@@ -17,6 +17,7 @@ from sqlalchemy import (
     UniqueConstraint,
     false,
     text,
+    true,
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -114,6 +115,10 @@ class Job(Base):
     diarize: Mapped[bool] = mapped_column(default=False, server_default=false())
     min_speakers: Mapped[int | None] = mapped_column(Integer)
     max_speakers: Mapped[int | None] = mapped_column(Integer)
+    # Decoding options (gpu_worker/protocol/claim.py): a fixed sampling temperature (None: the
+    # worker's own), and whether VAD skips silence before decoding.
+    temperature: Mapped[float | None] = mapped_column(Float)
+    vad_filter: Mapped[bool] = mapped_column(default=True, server_default=true())
     # The language the worker detected when none was asked, and its probability.
     detected_language: Mapped[str | None] = mapped_column(String(16))
     language_probability: Mapped[float | None] = mapped_column(Float)

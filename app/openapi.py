@@ -22,6 +22,9 @@ from app.jobs.requests import (
     TranscriptQuery,
     UploadForm,
     UrlJob,
+    WasrAsrQuery,
+    WasrForm,
+    WasrQuery,
 )
 from app.models import JobStatus
 
@@ -32,12 +35,16 @@ QUERY_MODELS: dict[tuple[str, str], type[BaseModel]] = {
     ("/v1/jobs", "get"): JobListQuery,
     ("/v1/jobs/{job_id}", "delete"): CancelQuery,
     ("/v1/jobs/{job_id}/transcript", "get"): TranscriptQuery,
+    ("/asr", "post"): WasrAsrQuery,
+    ("/detect-language", "post"): WasrQuery,
 }
 BODY_MODELS: dict[tuple[str, str, str], type[BaseModel]] = {
     ("/v1/jobs", "post", _MULTIPART): UploadForm,
     ("/v1/jobs", "post", "application/json"): UrlJob,
     ("/v1/audio/transcriptions", "post", _MULTIPART): OpenAITranscriptionForm,
     ("/v1/audio/translations", "post", _MULTIPART): OpenAITranslationForm,
+    ("/asr", "post", _MULTIPART): WasrForm,
+    ("/detect-language", "post", _MULTIPART): WasrForm,
 }
 
 
@@ -83,8 +90,9 @@ def body_schema(model: type[BaseModel], media_type: str) -> dict[str, Any]:
     """The request body schema of `model`; a multipart form also carries the audio part."""
     properties, required, closed = _fields(model)
     if media_type == _MULTIPART:
-        properties = {UPLOAD_PART: {"type": "string", "format": "binary"}, **properties}
-        required = [UPLOAD_PART, *required]
+        part = getattr(model, "upload_part", UPLOAD_PART)
+        properties = {part: {"type": "string", "format": "binary"}, **properties}
+        required = [part, *required]
     schema: dict[str, Any] = {"type": "object"}
     if required:
         schema["required"] = required
@@ -156,6 +164,79 @@ def _sync_audio_op(
         parameters=[idempotency_key],
         requestBody=_body(path, "post"),
     )
+
+
+def _wasr_paths(idempotency_key: dict[str, Any]) -> dict[str, Any]:
+    """whisper-asr-webservice's endpoints (app/wasr/views.py): synchronous jobs like the OpenAI
+    ones, answering in that service's shapes."""
+    # 414: their options travel in the query string, and a request line has a limit.
+    refusals = ("400", "401", "408", "409", "413", "414", "415", "422", "502", "503", "504")
+    asr_answer = (
+        "The transcript as a file in `output` (Content-Disposition: attachment, the upload's "
+        "name with the output's extension); `json` holds `text`, `segments` and `language`"
+    )
+    detected = {
+        "type": "object",
+        "required": ["detected_language", "language_code", "confidence"],
+        "properties": {
+            "detected_language": {"type": "string", "example": "german"},
+            "language_code": {"type": "string", "example": "de"},
+            "confidence": {
+                "type": "number",
+                "nullable": True,
+                "description": "The detection's probability; null where the model did not "
+                "detect (an English-only model answers en)",
+            },
+        },
+    }
+    return {
+        "/asr": {
+            "post": _op(
+                "whisper-asr-webservice: transcribe or translate the upload, answer a file",
+                {
+                    "200": {
+                        "description": asr_answer,
+                        "content": {
+                            "text/plain": {},
+                            "application/json": {},
+                            "application/x-subrip": {},
+                            "text/vtt": {},
+                            "text/tab-separated-values": {},
+                        },
+                    },
+                    **dict.fromkeys(refusals, _ERROR),
+                },
+                parameters=[*_query("/asr", "post"), idempotency_key],
+                requestBody=_body("/asr", "post"),
+            )
+        },
+        "/detect-language": {
+            "post": _op(
+                "whisper-asr-webservice: the language spoken in the upload's first 30 s",
+                {
+                    "200": {
+                        "description": "The detected language",
+                        "content": {"application/json": {"schema": detected}},
+                    },
+                    **dict.fromkeys(refusals, _ERROR),
+                },
+                parameters=[*_query("/detect-language", "post"), idempotency_key],
+                requestBody=_body("/detect-language", "post"),
+            )
+        },
+    }
+
+
+def _docs_path() -> dict[str, Any]:
+    return {
+        "/docs": {
+            "get": _op(
+                "This document as an interactive page (Swagger UI, served from this API)",
+                {"200": {"description": "The page", "content": {"text/html": {}}}},
+                security=[],
+            )
+        }
+    }
 
 
 def openapi_document() -> dict[str, Any]:
@@ -349,6 +430,8 @@ def openapi_document() -> dict[str, Any]:
                     ],
                 )
             },
+            **_wasr_paths(idempotency_key),
+            **_docs_path(),
             "/healthz": {
                 "get": _op(
                     "Liveness",
@@ -481,6 +564,16 @@ def openapi_document() -> dict[str, Any]:
                         "min_speakers": {"type": "integer", "nullable": True},
                         "max_speakers": {"type": "integer", "nullable": True},
                         "word_timestamps": {"type": "boolean"},
+                        "temperature": {
+                            "type": "number",
+                            "nullable": True,
+                            "description": "The one decoding temperature asked for; null: the "
+                            "worker's fallback from 0 upward",
+                        },
+                        "vad_filter": {
+                            "type": "boolean",
+                            "description": "Whether voice activity detection skipped silence",
+                        },
                         "webhook_url": {"type": "string", "nullable": True},
                         "webhook_status": {"type": "string", "nullable": True},
                         "attempts": {"type": "integer", "minimum": 0},

@@ -15,7 +15,7 @@ import enum
 import logging
 import time
 from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING, Protocol
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -179,6 +179,17 @@ def _fetch_audio(client: ControlPlane, claim: ClaimedJob) -> npt.NDArray[np.floa
             ) from None
 
 
+def _decoding(claim: ClaimedJob) -> dict[str, Any]:
+    """The decoding options the job sets (a job that sets none calls the transcriber as
+    before, so a transcriber without them still serves it)."""
+    options: dict[str, Any] = {}
+    if claim.temperature is not None:
+        options["temperature"] = claim.temperature
+    if not claim.vad_filter:
+        options["vad_filter"] = False
+    return options
+
+
 def _transcribe(
     transcriber: Transcriber,
     samples: npt.NDArray[np.float32],
@@ -193,6 +204,7 @@ def _transcribe(
             word_timestamps=claim.word_timestamps,
             checkpoint=checkpoint,
             task=claim.task,
+            **_decoding(claim),
         )
     except JobCancelled:
         raise

@@ -59,7 +59,11 @@ class UnsupportedLanguage(ValueError):
 
 
 class Transcriber(Protocol):
-    """Turns 16 kHz mono float32 audio (or a file) into a Transcript."""
+    """Turns 16 kHz mono float32 audio (or a file) into a Transcript.
+
+    `temperature` (set): decode at that one temperature instead of faster-whisper's fallback
+    ladder. `vad_filter=False`: decode all of the audio, silence included, without VAD.
+    """
 
     backend: Backend
 
@@ -72,6 +76,8 @@ class Transcriber(Protocol):
         word_timestamps: bool,
         checkpoint: Checkpoint | None = None,
         task: Task = "transcribe",
+        temperature: float | None = None,
+        vad_filter: bool = True,
     ) -> Transcript: ...
 
     def release_memory(self) -> None:
@@ -147,6 +153,11 @@ def _as_array(audio: Audio) -> npt.NDArray[np.float32]:
 
 def _empty(language: str) -> Transcript:
     return Transcript(text="", language=language, duration=0.0, segments=[])
+
+
+def _between_batches(checkpoint: Checkpoint | None) -> dict[str, Any]:
+    """WhisperX reports progress after every batch: its callback is our checkpoint."""
+    return {} if checkpoint is None else {"progress_callback": lambda _percent: checkpoint()}
 
 
 def _check_task(task: Task, multilingual: bool, model_name: str) -> None:
@@ -251,6 +262,8 @@ class FasterWhisperTranscriber:
         word_timestamps: bool,
         checkpoint: Checkpoint | None = None,
         task: Task = "transcribe",
+        temperature: float | None = None,
+        vad_filter: bool = True,
     ) -> Transcript:
         samples = _as_array(audio)
         multilingual = self.model.model.is_multilingual
@@ -265,12 +278,14 @@ class FasterWhisperTranscriber:
             "beam_size": BEAM_SIZE,
             "word_timestamps": word_timestamps,
             # Silero VAD (faster-whisper's bundled ONNX) skips silence, so silence yields no
-            # segments instead of hallucinated text.
-            "vad_filter": True,
+            # segments instead of hallucinated text; a job may turn it off.
+            "vad_filter": vad_filter,
             # Like WhisperX: conditioning on earlier text lets one bad segment poison the
             # rest of a long file with repetition loops.
             "condition_on_previous_text": False,
         }
+        if temperature is not None:
+            options["temperature"] = temperature
         if samples.shape[0] > WINDOW_SECONDS * SAMPLE_RATE:
             return self._windowed(samples, options, checkpoint)
         pieces, info = self._run(samples, options)
@@ -454,15 +469,17 @@ class WhisperXTranscriber:
         word_timestamps: bool,
         checkpoint: Checkpoint | None = None,
         task: Task = "transcribe",
+        temperature: float | None = None,
+        vad_filter: bool = True,
     ) -> Transcript:
         samples = _as_array(audio)
         _check_task(task, not self._english_only, self.model_name)
         language = _check_language(language, not self._english_only, self.model_name)
         if samples.size == 0:
             return _empty(language or "en")
-        duration = samples.shape[0] / SAMPLE_RATE
-        if word_timestamps and (self._align_model is None or language != "en"):
-            # WhisperX's batched pass has no timestamps inside a VAD chunk, and the only
+        if not vad_filter or (word_timestamps and (self._align_model is None or language != "en")):
+            # The batched pass runs on VAD chunks: a job without VAD decodes sequentially.
+            # For words: it has no timestamps inside a VAD chunk, and the only
             # alignment model baked in is English (a detected language is not known yet):
             # otherwise faster-whisper's cross-attention word timing on the same resident
             # model is the honest fallback.
@@ -473,14 +490,12 @@ class WhisperXTranscriber:
                 checkpoint=checkpoint,
                 task=task,
                 word_timestamps=word_timestamps,
+                temperature=temperature,
+                vad_filter=vad_filter,
             )
 
         # The prompt lives in the pipeline's options; set it per job, reset it after.
-        self._pipeline.options = replace(self._base_options, initial_prompt=prompt or None)
-        between_batches: dict[str, Any] = {}
-        if checkpoint is not None:
-            # WhisperX reports progress after every batch; its callback is our checkpoint.
-            between_batches["progress_callback"] = lambda _percent: checkpoint()
+        self._pipeline.options = self._job_options(prompt, temperature)
         if language is None:
             # WhisperX keeps the last job's tokenizer, and with it that job's language, for a
             # call without one: drop it so this job's language is detected, not inherited.
@@ -493,7 +508,7 @@ class WhisperXTranscriber:
                 # Always explicit: WhisperX would otherwise keep the last job's task too.
                 task=task,
                 chunk_size=CHUNK_SECONDS,
-                **between_batches,
+                **_between_batches(checkpoint),
             )
         finally:
             self._pipeline.options = self._base_options
@@ -520,9 +535,14 @@ class WhisperXTranscriber:
             language=detected,
             # WhisperX's batched pass does not report the detection's probability.
             task=task,
-            duration=duration,
+            duration=samples.shape[0] / SAMPLE_RATE,
             segments=segments,
         )
+
+    def _job_options(self, prompt: str | None, temperature: float | None) -> Any:
+        """The pipeline's options for one job: its prompt, and its one temperature if set."""
+        options = replace(self._base_options, initial_prompt=prompt or None)
+        return options if temperature is None else replace(options, temperatures=[temperature])
 
     def _sequential_with_words(
         self,
@@ -533,6 +553,8 @@ class WhisperXTranscriber:
         checkpoint: Checkpoint | None,
         task: Task = "transcribe",
         word_timestamps: bool = True,
+        temperature: float | None = None,
+        vad_filter: bool = True,
     ) -> Transcript:
         pieces, info = self._pipeline.model.transcribe(
             samples,
@@ -541,8 +563,9 @@ class WhisperXTranscriber:
             initial_prompt=prompt or None,
             beam_size=BEAM_SIZE,
             word_timestamps=word_timestamps,
-            vad_filter=True,
+            vad_filter=vad_filter,
             condition_on_previous_text=False,
+            **({} if temperature is None else {"temperature": temperature}),
         )
         segments = _segments_from_faster_whisper(_collect(pieces, checkpoint))
         return Transcript(

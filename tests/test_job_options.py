@@ -85,7 +85,7 @@ def test_the_openai_endpoints_refuse_what_no_profile_serves(client: Any, db: Dat
         400,
         "invalid_response_format",
     )
-    error_of(upload(client, path="/v1/audio/translations", language="de"), 400, "unknown_field")
+    error_of(upload(client, path="/v1/audio/translations", language="de"), 400, "invalid_parameter")
     assert jobs(db) == 0
 
 

@@ -61,8 +61,9 @@ def test_every_documented_input_is_a_model_field_and_back() -> None:
             model = BODY_MODELS[(path, method, media_type)]
             documented = set(content["schema"]["properties"])
             if media_type == "multipart/form-data":
-                assert requests.UPLOAD_PART in documented
-                documented.discard(requests.UPLOAD_PART)
+                part = getattr(model, "upload_part", requests.UPLOAD_PART)
+                assert part in documented
+                documented.discard(part)
             assert documented == set(_fields(model)[0]), (path, method, media_type)
             seen_bodies.add((path, method, media_type))
     assert seen_queries == set(QUERY_MODELS)
@@ -99,8 +100,9 @@ def test_every_documented_schema_is_its_models() -> None:
         documented = dict(schema["properties"])
         needed = set(schema.get("required", []))
         if media_type == "multipart/form-data":
-            assert documented.pop(requests.UPLOAD_PART) == {"type": "string", "format": "binary"}
-            needed.discard(requests.UPLOAD_PART)
+            part = getattr(model, "upload_part", requests.UPLOAD_PART)
+            assert documented.pop(part) == {"type": "string", "format": "binary"}
+            needed.discard(part)
         assert documented == properties, (path, media_type)
         assert needed == set(required), (path, media_type)
 
@@ -141,7 +143,7 @@ def _cases() -> Iterator[tuple[str, type[BaseModel], str, str, dict[str, Any]]]:
     for (path, method, media_type), model in BODY_MODELS.items():
         schema = DOC["paths"][path][method]["requestBody"]["content"][media_type]["schema"]
         for name, field in schema["properties"].items():
-            if name != requests.UPLOAD_PART:
+            if name != getattr(model, "upload_part", requests.UPLOAD_PART):
                 travel = "json" if media_type == _JSON else "form"
                 yield f"{method} {path} {media_type}", model, travel, name, field
 
@@ -185,6 +187,8 @@ def _valid(schema: dict[str, Any]) -> list[Any]:
         return [True, False]
     if kind == "integer":
         return [schema.get("minimum", 0), schema.get("maximum", 10**6)]
+    if kind == "number":
+        return [schema.get("minimum", 0.0), schema.get("maximum", 1e6)]
     if schema.get("format") == "uri":
         return ["https://example.com/a.wav"]
     return ["a" * schema.get("maxLength", 8)]
@@ -198,7 +202,7 @@ def _invalid(schema: dict[str, Any]) -> list[Any]:
         return [[item] for item in _invalid(schema["items"])]
     if kind == "boolean":
         return ["maybe"]
-    if kind == "integer":
+    if kind in ("integer", "number"):
         out: list[Any] = ["twelve"]
         out += [schema["minimum"] - 1] if "minimum" in schema else []
         out += [schema["maximum"] + 1] if "maximum" in schema else []
@@ -212,7 +216,7 @@ def test_a_model_takes_what_its_document_allows(
 ) -> None:
     for value in _valid(schema):
         parsed = _parse(model, travel, {name: _sent(value, travel)})
-        if "enum" in schema or schema.get("type") in ("boolean", "integer"):
+        if "enum" in schema or schema.get("type") in ("boolean", "integer", "number"):
             assert _value(parsed, name) == value, (where, name, value)
     if "default" in schema:
         assert _value(_parse(model, travel, {}), name) == schema["default"], (where, name)

@@ -41,6 +41,8 @@ def handed_over(settings: Settings, store: AudioStore, job: Job, now: datetime) 
         diarize=bool(job.diarize),
         min_speakers=job.min_speakers,
         max_speakers=job.max_speakers,
+        temperature=job.temperature,
+        vad_filter=job.vad_filter is not False,
         duration_seconds=job.duration_seconds,
         # The worker stops decoding past this (gpu_worker/audio.py), whatever the file
         # claims: the probe's count is one defence, this is the second.

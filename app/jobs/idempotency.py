@@ -22,8 +22,16 @@ _CHUNK = 1024 * 1024
 _FINGERPRINTED = ("source", "source_url", "language", "prompt", "word_timestamps", "webhook_url")
 # Options added later count only when set: a request without them keeps the fingerprint it
 # had before they existed, so a key used before an upgrade still replays after it.
-_FINGERPRINTED_WHEN_SET = ("task", "model", "diarize", "min_speakers", "max_speakers")
-_UNSET = (None, False, "transcribe")
+# Each with the value that leaves it unset.
+_FINGERPRINTED_WHEN_SET: dict[str, object] = {
+    "task": "transcribe",
+    "model": None,
+    "diarize": False,
+    "min_speakers": None,
+    "max_speakers": None,
+    "temperature": None,
+    "vad_filter": True,
+}
 
 
 def upload_digest(upload: FileStorage) -> str:
@@ -41,7 +49,8 @@ def fingerprint(req: JobRequest, audio_digest: str | None = None) -> str:
     fields = {
         name: value
         for name, value in asdict(req).items()
-        if name in _FINGERPRINTED or (name in _FINGERPRINTED_WHEN_SET and value not in _UNSET)
+        if name in _FINGERPRINTED
+        or (name in _FINGERPRINTED_WHEN_SET and value != _FINGERPRINTED_WHEN_SET[name])
     }
     canonical = json.dumps({**fields, "audio_sha256": audio_digest}, sort_keys=True)
     return hashlib.sha256(canonical.encode()).hexdigest()

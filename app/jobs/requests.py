@@ -53,9 +53,12 @@ from app.languages import WHISPER_LANGUAGES, is_english_only
 from app.models import JobStatus
 from app.urls import check_url
 from gpu_worker.protocol.capabilities import MAX_SPEAKERS, MIN_SPEAKERS, TASKS, Need, Task
+from gpu_worker.protocol.claim import MAX_TEMPERATURE, MIN_TEMPERATURE
 
 # The multipart part that carries the audio: a file, not a form field, so no model holds it.
 UPLOAD_PART = "file"
+# whisper-asr-webservice's name for it (POST /asr, POST /detect-language).
+WASR_UPLOAD_PART = "audio_file"
 PROMPT_CHARS = 2000
 OpenAIFormat = Literal["json", "text", "srt", "vtt", "verbose_json"]
 OPENAI_FORMATS: tuple[str, ...] = get_args(OpenAIFormat)
@@ -64,6 +67,11 @@ OpenAITranscriptionFormat = Literal["json", "text", "srt", "vtt", "verbose_json"
 OPENAI_TRANSCRIPTION_FORMATS: tuple[str, ...] = get_args(OpenAITranscriptionFormat)
 MODEL_CHARS = 64
 Granularity = Literal["word", "segment"]
+# whisper-asr-webservice's `output` choices (POST /asr), each rendered by app/jobs/formats.py
+# under the same name; tsv once that module writes it.
+WASR_OUTPUTS: tuple[str, ...] = tuple(
+    f for f in ("txt", "vtt", "srt", "tsv", "json") if f in FORMATS
+)
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off", ""})
 
@@ -149,6 +157,17 @@ def _int_text(value: Any) -> Any:
     return value
 
 
+def _number_text(value: Any) -> Any:
+    """Query or form text parsed as Python's float() does; anything else is left for the
+    strict number to refuse ("nan" and "inf" parse, and are refused as out of range)."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
 def _language(value: Any, info: ValidationInfo) -> Any:
     if not _in_turn(info):
         return value
@@ -210,7 +229,8 @@ Prompt = Annotated[
     AfterValidator(_free_text),  # after the length: a long prompt is refused for its length
     OnError(
         lambda error: Refused(
-            "invalid_parameter", f"prompt must be a string of at most {PROMPT_CHARS} characters"
+            "invalid_parameter",
+            f"{error['loc'][0]} must be a string of at most {PROMPT_CHARS} characters",
         )
     ),
 ]
@@ -260,6 +280,34 @@ Speakers = Annotated[
 ]
 
 
+Temperature = Annotated[
+    float | None,
+    Field(
+        strict=True,
+        ge=MIN_TEMPERATURE,
+        le=MAX_TEMPERATURE,
+        allow_inf_nan=False,
+        description="Decode at this one sampling temperature (0: greedy); absent: the "
+        "worker's fallback from 0 upward",
+    ),
+    BeforeValidator(lambda value: _number_text(_empty_is_none(value))),
+    OnError(
+        lambda error: Refused(
+            "invalid_parameter",
+            f"temperature must be a number from {MIN_TEMPERATURE:g} to {MAX_TEMPERATURE:g}",
+        )
+    ),
+]
+VadFilter = Annotated[
+    Flag,
+    Field(
+        description="Skip silence with the profile's voice activity detection before decoding "
+        "(false: decode all of the audio)"
+    ),
+]
+InitialPrompt = Annotated[Prompt, Field(description="whisper's name for `prompt`: send one")]
+
+
 @dataclass(frozen=True)
 class JobOptions:
     """A new job's checked options, whichever request carried them. `model` is the name the
@@ -274,6 +322,8 @@ class JobOptions:
     diarize: bool = False
     min_speakers: int | None = None
     max_speakers: int | None = None
+    temperature: float | None = None
+    vad_filter: bool = True
 
     def need(self) -> Need:
         return Need(language=self.language, task=self.task, model=self.model, diarize=self.diarize)
@@ -288,6 +338,17 @@ def _speaker_bounds(diarize: bool, low: int | None, high: int | None) -> None:
         )
 
 
+def _one_prompt(prompt: str | None, initial_prompt: str | None) -> str | None:
+    """`prompt` and its alias `initial_prompt` (whisper's name): one of them, not both."""
+    if prompt is not None and initial_prompt is not None:
+        raise Refused(
+            "invalid_parameter",
+            "send prompt or initial_prompt (the same option), not both",
+            param="initial_prompt",
+        )
+    return prompt if prompt is not None else initial_prompt
+
+
 # -- the requests -----------------------------------------------------------------------------
 
 
@@ -295,6 +356,8 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     # How a refusal of unknown names calls them ("field(s)" of a JSON body, "form field(s)").
     unknown_names: ClassVar[str] = "field(s)"
+    # The multipart part that carries the audio, where the request is a form.
+    upload_part: ClassVar[str] = UPLOAD_PART
 
     @model_validator(mode="before")
     @classmethod
@@ -319,16 +382,20 @@ class _JobFields(_Request):
         diarize: bool
         min_speakers: int | None
         max_speakers: int | None
+        initial_prompt: str | None
+        temperature: float | None
+        vad_filter: bool
 
     @model_validator(mode="after")
     def _speakers(self) -> _JobFields:
         _speaker_bounds(self.diarize, self.min_speakers, self.max_speakers)
+        _one_prompt(self.prompt, self.initial_prompt)
         return self
 
     def options(self) -> JobOptions:
         return JobOptions(
             language=self.language,
-            prompt=self.prompt,
+            prompt=_one_prompt(self.prompt, self.initial_prompt),
             word_timestamps=self.word_timestamps,
             webhook_url=self.webhook_url,
             task=self.task,
@@ -336,6 +403,8 @@ class _JobFields(_Request):
             diarize=self.diarize,
             min_speakers=self.min_speakers,
             max_speakers=self.max_speakers,
+            temperature=self.temperature,
+            vad_filter=self.vad_filter,
         )
 
 
@@ -352,6 +421,9 @@ class UploadForm(_JobFields):
     diarize: Flag = False
     min_speakers: Speakers = None
     max_speakers: Speakers = None
+    initial_prompt: InitialPrompt = None
+    temperature: Temperature = None
+    vad_filter: VadFilter = True
 
 
 class UrlJob(_JobFields):
@@ -367,6 +439,47 @@ class UrlJob(_JobFields):
     diarize: Flag = False
     min_speakers: Speakers = None
     max_speakers: Speakers = None
+    initial_prompt: InitialPrompt = None
+    temperature: Temperature = None
+    vad_filter: VadFilter = True
+
+
+def _no_stream(value: bool) -> bool:
+    if value:
+        raise Refused(
+            "invalid_parameter",
+            "stream=true is not supported on /v1/audio/translations: send stream=false (or "
+            "nothing) for the whole answer",
+            param="stream",
+        )
+    return value
+
+
+def _auto_chunking(value: Any) -> Any:
+    if value is not None and value != "" and value != "auto":
+        raise Refused(
+            "invalid_parameter",
+            "chunking_strategy takes only 'auto': Murmur cuts the audio at silences itself",
+            param="chunking_strategy",
+        )
+    return _empty_is_none(value)
+
+
+ChunkingStrategy = Annotated[
+    Literal["auto"] | None,
+    Field(description="Only 'auto' (what Murmur does anyway: it cuts long audio at silences)"),
+    BeforeValidator(_auto_chunking),
+]
+# Fields of OpenAI's audio API that Murmur does not do, refused with the reason (400
+# invalid_parameter) instead of as unknown names.
+OPENAI_UNSUPPORTED: Mapping[str, str] = {
+    "include[]": "include[] (logprobs) is not supported: Murmur's verbose_json segments carry "
+    "avg_logprob",
+    "known_speaker_names[]": "known_speaker_names[] is not supported: speakers are labelled "
+    "SPEAKER_00, SPEAKER_01, ... in order of appearance",
+    "known_speaker_references[]": "known_speaker_references[] is not supported: speakers are "
+    "labelled SPEAKER_00, SPEAKER_01, ... in order of appearance",
+}
 
 
 class OpenAITranscriptionForm(_Request):
@@ -397,12 +510,11 @@ class OpenAITranscriptionForm(_Request):
     prompt: Prompt = None
     # A model GET /v1/models lists: it picks the profiles that serve it (app/jobs/routing.py).
     model: ModelName = None
-    # Accepted for OpenAI clients that send them, and ignored: Murmur chooses the decoding
-    # temperatures and chunks the audio itself (the SDK sends chunking_strategy="auto" with
-    # the diarizing model).
-    temperature: str | None = None
+    temperature: Temperature = None
     stream: str | None = None
-    chunking_strategy: str | None = None
+    chunking_strategy: ChunkingStrategy = None
+    # OpenAI fields Murmur does not do: named with the reason rather than as unknown.
+    unsupported: ClassVar[Mapping[str, str]] = OPENAI_UNSUPPORTED
 
     def options(self) -> JobOptions:
         words = "word" in self.timestamp_granularities
@@ -416,6 +528,7 @@ class OpenAITranscriptionForm(_Request):
             # OpenAI's diarized shape needs speakers; the diarizing model alias asks for them
             # too (app/jobs/routing.py resolves it).
             diarize=self.response_format == "diarized_json",
+            temperature=self.temperature,
         )
 
 
@@ -437,7 +550,21 @@ class OpenAITranslationForm(_Request):
     ] = "json"
     prompt: Prompt = None
     model: ModelName = None
-    temperature: str | None = None
+    temperature: Temperature = None
+    stream: Annotated[
+        Flag,
+        AfterValidator(_no_stream),
+        Field(
+            description="Only false: a translation answers once, whole",
+            json_schema_extra={"enum": [False]},
+        ),
+    ] = False
+    unsupported: ClassVar[Mapping[str, str]] = {
+        **OPENAI_UNSUPPORTED,
+        "language": "language is not taken by translations: the source language is detected "
+        "and the answer is English (use /v1/audio/transcriptions for another language)",
+        "timestamp_granularities[]": "timestamp_granularities[] is not taken by translations",
+    }
 
     # The sync answer reads these as it does a transcription's.
     timestamp_granularities: ClassVar[list[str]] = []
@@ -450,6 +577,73 @@ class OpenAITranslationForm(_Request):
             webhook_url=None,
             task=self.task,
             model=self.model,
+            temperature=self.temperature,
+        )
+
+
+def _wasr_output(value: Any) -> Any:
+    if value is None or value == "":
+        return "txt"
+    if value not in WASR_OUTPUTS:
+        raise Refused("invalid_format", f"output must be one of {', '.join(WASR_OUTPUTS)}")
+    return value
+
+
+class WasrForm(_Request):
+    """The multipart form of whisper-asr-webservice's endpoints: the audio part alone."""
+
+    unknown_names: ClassVar[str] = "form field(s)"
+    upload_part: ClassVar[str] = WASR_UPLOAD_PART
+
+
+class WasrQuery(_Request):
+    """What whisper-asr-webservice's endpoints take in their query strings (their audio is
+    the multipart part `audio_file`)."""
+
+    unknown_names: ClassVar[str] = "query parameter(s)"
+    encode: Annotated[
+        Flag,
+        Field(
+            description="true: the audio is a file in any container (decoded as uploaded); "
+            "false: raw 16-bit little-endian mono PCM at 16 kHz"
+        ),
+    ] = True
+
+
+class WasrAsrQuery(WasrQuery):
+    """POST /asr: whisper-asr-webservice's transcription, its parameter names and defaults."""
+
+    task: TaskField = "transcribe"
+    language: Language = None
+    initial_prompt: InitialPrompt = None
+    # Absent: the profile's VAD, as whisper-asr-webservice's WhisperX engine always runs it.
+    vad_filter: VadFilter = True
+    word_timestamps: Flag = False
+    output: Annotated[
+        str,
+        Field(json_schema_extra={"enum": list(WASR_OUTPUTS)}),
+        BeforeValidator(_wasr_output),
+    ] = "txt"
+    diarize: Flag = False
+    min_speakers: Speakers = None
+    max_speakers: Speakers = None
+
+    @model_validator(mode="after")
+    def _speakers(self) -> WasrAsrQuery:
+        _speaker_bounds(self.diarize, self.min_speakers, self.max_speakers)
+        return self
+
+    def options(self) -> JobOptions:
+        return JobOptions(
+            language=self.language,
+            prompt=self.initial_prompt,
+            word_timestamps=self.word_timestamps,
+            webhook_url=None,
+            task=self.task,
+            diarize=self.diarize,
+            min_speakers=self.min_speakers,
+            max_speakers=self.max_speakers,
+            vad_filter=self.vad_filter,
         )
 
 
@@ -504,8 +698,12 @@ def _public_name(name: str, model: type[BaseModel]) -> str:
 
 
 def refuse_unknown(model: type[BaseModel], names: Iterable[Any]) -> None:
-    """Refuse (`unknown_field`) names the model has no field for, all of them named."""
+    """Refuse names the model has no field for: one the model names as `unsupported` with its
+    reason (`invalid_parameter`), else every unknown name at once (`unknown_field`)."""
     known = {_public_name(name, model) for name in model.model_fields}
+    unsupported: Mapping[str, str] = getattr(model, "unsupported", {})
+    for name in sorted(str(n) for n in set(names) - known if n in unsupported):
+        raise Refused("invalid_parameter", unsupported[name], param=name)
     unknown = set(names) - known
     if unknown:
         # A form part whose name could not be read is keyed None: name it, do not sort on it.

@@ -71,6 +71,9 @@ class JobRequest:
     diarize: bool = False
     min_speakers: int | None = None
     max_speakers: int | None = None
+    # Decoding options the worker applies (gpu_worker/protocol/claim.py).
+    temperature: float | None = None
+    vad_filter: bool = True
 
     def need(self) -> Need:
         return Need(
@@ -104,6 +107,8 @@ def job_json(job: Job, *, with_text: bool = True) -> dict[str, Any]:
         "min_speakers": job.min_speakers,
         "max_speakers": job.max_speakers,
         "word_timestamps": job.word_timestamps,
+        "temperature": finite_or_none(job.temperature),
+        "vad_filter": job.vad_filter is not False,
         "webhook_url": job.webhook_url,
         "webhook_status": job.webhook_status,
         "attempts": job.attempts,
@@ -160,6 +165,8 @@ def insert_job(
         diarize=req.diarize,
         min_speakers=req.min_speakers,
         max_speakers=req.max_speakers,
+        temperature=req.temperature,
+        vad_filter=req.vad_filter,
         idempotency_key=req.idempotency_key,
         idempotency_hash=req.request_hash,
         status=JobStatus.QUEUED.value,

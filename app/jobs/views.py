@@ -91,6 +91,8 @@ def _routed(options: JobOptions, **fields: Any) -> service.JobRequest:
         diarize=options.diarize,
         min_speakers=options.min_speakers,
         max_speakers=options.max_speakers,
+        temperature=options.temperature,
+        vad_filter=options.vad_filter,
         **fields,
     )
 
@@ -235,7 +237,7 @@ def get_transcript(job_id: str) -> Response:
     return Response(body, mimetype=media_type.split(";")[0], content_type=media_type)
 
 
-def _sync_slots() -> SyncSlots:
+def sync_slots() -> SyncSlots:
     """This app's slots, made once by `create_app`."""
     slots: SyncSlots = current_app.extensions[SYNC_SLOTS]
     return slots
@@ -246,7 +248,7 @@ def _sync_slots() -> SyncSlots:
 def openai_transcriptions() -> Response:
     """OpenAI-compatible synchronous transcription: submit, wait, answer in the asked format."""
     # A slot before the upload is read: a refused request costs nothing and stores nothing.
-    with _sync_slots().hold():
+    with sync_slots().hold():
         return _submit_and_wait(requests.OpenAITranscriptionForm)
 
 
@@ -255,7 +257,7 @@ def openai_transcriptions() -> Response:
 def openai_translations() -> Response:
     """OpenAI-compatible synchronous translation to English: the transcriptions' path, with
     task=translate (same slots, timeout and no-retry answers)."""
-    with _sync_slots().hold():
+    with sync_slots().hold():
         return _submit_and_wait(requests.OpenAITranslationForm)
 
 
@@ -264,12 +266,23 @@ def _submit_and_wait(model: type[OpenAIForm]) -> Response:
     if request.mimetype != "multipart/form-data":
         raise ApiError(415, "unsupported_media_type", "send multipart/form-data")
     upload, form = _form_upload(model, svc)
-    job, _ = create_upload_job(svc, upload, form.options(), g.owner, _idempotency_key())
+    waited, timeout = submit_and_wait(svc, upload, form.options())
+    granularities: set[str] = set(form.timestamp_granularities)
+    return _sync_answer(waited, form.response_format, granularities, timeout, form.task)
+
+
+def submit_and_wait(
+    svc: Services, upload: FileStorage, options: JobOptions
+) -> tuple[Waited, float]:
+    """A synchronous request's job, submitted as any job (listed, billed, cancellable,
+    idempotent by its Idempotency-Key), then waited on within `api.sync_timeout_seconds` and
+    for as long as the client stays; how the wait ended, and the timeout it had. The caller
+    holds a sync slot (`sync_slots`)."""
+    job, _ = create_upload_job(svc, upload, options, g.owner, _idempotency_key())
     timeout = svc.settings.api.sync_timeout_seconds
     sock = client_socket(request.environ)
     waited = wait_for_job(svc.db, svc.redis, job["id"], timeout, lambda: client_gone(sock))
-    granularities: set[str] = set(form.timestamp_granularities)
-    return _sync_answer(waited, form.response_format, granularities, timeout, form.task)
+    return waited, timeout
 
 
 def _openai_language(transcript: dict[str, Any], task: str) -> dict[str, Any]:
@@ -287,8 +300,27 @@ def _sync_answer(
 ) -> Response:
     """The answer to a synchronous request once its wait ended, however it ended."""
     finished = waited.job
-    # From here a job exists: every answer names it and tells the official client not to
-    # retry (it retries 409 and 5xx answers, and a retry would submit the audio again).
+    transcript = _openai_language(succeeded_transcript(waited, timeout), task)
+    if fmt == "verbose_json" and "word" not in granularities:
+        transcript = {
+            **transcript,
+            "segments": [
+                {k: v for k, v in seg.items() if k != "words"}
+                for seg in transcript.get("segments", [])
+            ],
+        }
+    body, media_type = render(transcript, "text" if fmt == "text" else fmt)
+    response = Response(body, content_type=media_type)
+    response.headers["X-Murmur-Job-Id"] = finished.id
+    return response
+
+
+def succeeded_transcript(waited: Waited, timeout: float) -> dict[str, Any]:
+    """The stored transcript of a synchronous request's job once its wait ended, or the
+    refusal that says how the wait ended (each names the job and asks clients not to retry:
+    a retry would submit the audio again)."""
+    finished = waited.job
+    # OpenAI's official client retries 409 and 5xx answers unless told not to.
     no_retry = {"x-should-retry": "false"}
     stored = (
         service.get_transcript(services().db, finished.id)
@@ -296,19 +328,7 @@ def _sync_answer(
         else None
     )
     if stored is not None:
-        transcript = _openai_language(stored, task)
-        if fmt == "verbose_json" and "word" not in granularities:
-            transcript = {
-                **transcript,
-                "segments": [
-                    {k: v for k, v in seg.items() if k != "words"}
-                    for seg in transcript.get("segments", [])
-                ],
-            }
-        body, media_type = render(transcript, "text" if fmt == "text" else fmt)
-        response = Response(body, content_type=media_type)
-        response.headers["X-Murmur-Job-Id"] = finished.id
-        return response
+        return stored
     if finished.status == JobStatus.CANCELLED.value:
         raise ApiError(
             409,

@@ -16,6 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gpu_worker.protocol.capabilities import MAX_SPEAKERS, MIN_SPEAKERS
 
+# The sampling temperatures a job may ask for (OpenAI's range).
+MIN_TEMPERATURE = 0.0
+MAX_TEMPERATURE = 1.0
 # The longest audio accepted when nothing else says (4 h).
 DEFAULT_MAX_AUDIO_SECONDS = 4 * 3600.0
 
@@ -35,6 +38,12 @@ class ClaimedJob(BaseModel):
     diarize: bool = False
     min_speakers: int | None = Field(default=None, ge=MIN_SPEAKERS, le=MAX_SPEAKERS)
     max_speakers: int | None = Field(default=None, ge=MIN_SPEAKERS, le=MAX_SPEAKERS)
+    # Decoding options: one sampling temperature instead of the worker's fallback ladder, and
+    # VAD off (every profile can: gpu_worker/transcriber.py decodes without it on request).
+    temperature: float | None = Field(
+        default=None, ge=MIN_TEMPERATURE, le=MAX_TEMPERATURE, allow_inf_nan=False
+    )
+    vad_filter: bool = True
     # Signed, expiring and bound to this claim (docs/worker-protocol.md).
     audio_url: str
     duration_seconds: float | None = None

@@ -13,6 +13,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from app.jobs.service import DONE_CHANNEL
 from app.models import Job, JobStatus, WorkerState
 from tests.conftest import (
     ADMIN_TOKEN,
+    API_TOKEN,
     FIXTURES,
     ROOT,
     SIGNING_KEY,
@@ -85,42 +87,49 @@ def _caddy_env(tmp_path: Path, https_port: int, upstream: str) -> dict[str, str]
     }
 
 
-@pytest.fixture()
-def edge(tmp_path: Path, redis_url: str, clean_redis: redis.Redis) -> Iterator[Edge]:
-    with gunicorn_api(
+@contextmanager
+def _running_edge(tmp_path: Path, api: Gunicorn, **extra_env: str) -> Iterator[Edge]:
+    port = free_port()
+    env = {**_caddy_env(tmp_path, port, api.url.removeprefix("http://")), **extra_env}
+    args = ["caddy", "run", "--config", str(CADDYFILE), "--adapter", "caddyfile"]
+    proc: Proc = start_process(args, env, tmp_path / "caddy.log")
+    ca = tmp_path / "data" / "caddy" / "pki" / "authorities" / "local" / "root.crt"
+    url = f"https://127.0.0.1:{port}"
+
+    def up() -> bool:
+        if proc.popen.poll() is not None:
+            raise AssertionError(f"caddy exited:\n{proc.output()}")
+        if not ca.exists():
+            return False
+        try:  # a path the edge answers itself, so the API's access log stays untouched
+            return requests.get(f"{url}/ready-probe", verify=str(ca), timeout=2).status_code == 404
+        except requests.RequestException:
+            return False
+
+    db = Database(api.env["MURMUR_DATABASE_URL"])
+    try:
+        wait_for(up, 30, "caddy to serve HTTPS with its internal CA", step=0.2)
+        yield Edge(url, port, str(ca), api, db)
+    finally:
+        proc.stop()
+        db.dispose()
+
+
+def _api(tmp_path: Path, redis_url: str) -> AbstractContextManager[Gunicorn]:
+    return gunicorn_api(
         tmp_path,
         redis_url,
         workers=1,
         threads=2,
         MURMUR_SCRAPE_TOKEN=SCRAPE_TOKEN,
         MURMUR_SYNC_TIMEOUT_SECONDS="120",
-    ) as api:
-        port = free_port()
-        env = _caddy_env(tmp_path, port, api.url.removeprefix("http://"))
-        args = ["caddy", "run", "--config", str(CADDYFILE), "--adapter", "caddyfile"]
-        proc: Proc = start_process(args, env, tmp_path / "caddy.log")
-        ca = tmp_path / "data" / "caddy" / "pki" / "authorities" / "local" / "root.crt"
-        url = f"https://127.0.0.1:{port}"
+    )
 
-        def up() -> bool:
-            if proc.popen.poll() is not None:
-                raise AssertionError(f"caddy exited:\n{proc.output()}")
-            if not ca.exists():
-                return False
-            try:  # a path the edge answers itself, so the API's access log stays untouched
-                return (
-                    requests.get(f"{url}/ready-probe", verify=str(ca), timeout=2).status_code == 404
-                )
-            except requests.RequestException:
-                return False
 
-        db = Database(api.env["MURMUR_DATABASE_URL"])
-        try:
-            wait_for(up, 30, "caddy to serve HTTPS with its internal CA", step=0.2)
-            yield Edge(url, port, str(ca), api, db)
-        finally:
-            proc.stop()
-            db.dispose()
+@pytest.fixture()
+def edge(tmp_path: Path, redis_url: str, clean_redis: redis.Redis) -> Iterator[Edge]:
+    with _api(tmp_path, redis_url) as api, _running_edge(tmp_path, api) as running:
+        yield running
 
 
 def _submit(edge: Edge) -> str:
@@ -164,6 +173,21 @@ def test_the_public_routes_pass_with_hsts(edge: Edge) -> None:
     audio = edge.get(f"/internal/audio/{job_id}?{query}")
     assert audio.status_code == 200 and audio.content == SPEECH.read_bytes()
 
+    # The API's description and its page, public as on the API itself.
+    assert edge.get("/openapi.json").json()["openapi"] == "3.0.3"
+    page = edge.get("/docs")
+    assert page.status_code == 200 and page.headers["Content-Type"].startswith("text/html")
+    css = edge.get("/docs/assets/swagger-ui.css")
+    assert css.status_code == 200 and css.headers["Content-Type"].startswith("text/css")
+    assert edge.get("/v1/models", headers=auth()).json()["object"] == "list"
+    # whisper-asr-webservice's endpoints pass, and want a token like the rest.
+    for path in ("/asr", "/detect-language"):
+        with SPEECH.open("rb") as fh:
+            answer = requests.post(
+                f"{edge.url}{path}", files={"audio_file": fh}, verify=edge.ca, timeout=30
+            )
+        assert answer.status_code == 401 and answer.json()["error"]["code"] == "unauthorized"
+
     # /metrics passes, and the API still wants the scrape token.
     assert edge.get("/metrics").status_code == 401
     scraped = edge.get("/metrics", headers={"Authorization": f"Bearer {SCRAPE_TOKEN}"})
@@ -177,8 +201,9 @@ def test_the_public_routes_pass_with_hsts(edge: Edge) -> None:
         "/v1/workers/w-1/diagnostics",
         "/readyz",
         "/healthz",
-        "/openapi.json",
         "/",
+        "/docs/other",
+        "/asrx",
         "/flower/",
         "/grafana/",
         "/internal/other",
@@ -339,3 +364,30 @@ def test_the_edge_timeouts_cover_the_longest_sync_wait_and_upload(tmp_path: Path
     dumped = json.dumps(config)
     assert f'"max_size": {MAX_BODY}' in dumped
     assert f'"response_header_timeout": {600 * ns}' in dumped and most < 600
+
+
+def test_the_front_adds_the_operators_token_for_wasr_clients_only(
+    tmp_path: Path, redis_url: str, clean_redis: redis.Redis
+) -> None:
+    """MURMUR_WASR_TOKEN: a tokenless /asr request gets it; a sent token is kept; nothing else
+    gets it."""
+    with (
+        _api(tmp_path, redis_url) as api,
+        _running_edge(tmp_path, api, MURMUR_WASR_TOKEN=API_TOKEN) as edge,
+    ):
+
+        def asr(**headers: str) -> requests.Response:
+            # A bad output: the API answers 400 once the token is accepted, stores nothing.
+            with SPEECH.open("rb") as fh:
+                return requests.post(
+                    f"{edge.url}/asr?output=docx",
+                    files={"audio_file": fh},
+                    headers=headers,
+                    verify=edge.ca,
+                    timeout=30,
+                )
+
+        assert asr().json()["error"]["code"] == "invalid_format"
+        refused = asr(Authorization="Bearer not-a-token")
+        assert refused.status_code == 401
+        assert edge.get("/v1/jobs").status_code == 401

@@ -24,6 +24,7 @@ from gpu_worker.transcriber import WhisperXSettings, WhisperXTranscriber
 class Options:
     initial_prompt: str | None = None
     beam_size: int = 5
+    temperatures: tuple[float, ...] = (0.0, 0.2, 0.4)
 
 
 @dataclass
@@ -31,6 +32,7 @@ class Calls:
     load_model: dict = field(default_factory=dict)
     asr_model: dict = field(default_factory=dict)
     prompts_seen: list = field(default_factory=list)
+    temperatures_seen: list = field(default_factory=list)
     align_model: dict = field(default_factory=dict)
     aligned: int = 0
     sequential: list = field(default_factory=list)
@@ -107,6 +109,7 @@ def fake_stack(monkeypatch):
             self, audio, batch_size, language, chunk_size, task=None, progress_callback=None
         ):
             calls.prompts_seen.append(self.options.initial_prompt)
+            calls.temperatures_seen.append(tuple(self.options.temperatures))
             for percent in (50.0, 100.0):  # WhisperX calls it after every batch
                 if progress_callback is not None:
                     progress_callback(percent)
@@ -241,3 +244,22 @@ def test_the_checkpoint_runs_between_batches_and_can_stop_the_job(fake_stack):
         transcriber.transcribe(
             AUDIO, language="en", prompt=None, word_timestamps=False, checkpoint=cancelled
         )
+
+
+def test_a_job_without_vad_decodes_sequentially_and_a_temperature_is_its_only_one(fake_stack):
+    """vad_filter=false: the batched pass cuts at VAD chunks, so the resident model decodes the
+    whole audio without VAD; a temperature replaces the fallback ladder for that job only."""
+    transcriber = build(fake_stack)
+
+    transcriber.transcribe(
+        AUDIO, language="en", prompt=None, word_timestamps=False, vad_filter=False, temperature=0.6
+    )
+    assert [(c["vad_filter"], c["temperature"]) for c in fake_stack.sequential] == [(False, 0.6)]
+    assert fake_stack.temperatures_seen == []
+
+    transcriber.transcribe(
+        AUDIO, language="en", prompt=None, word_timestamps=False, temperature=0.6
+    )
+    transcriber.transcribe(AUDIO, language="en", prompt=None, word_timestamps=False)
+    assert fake_stack.temperatures_seen == [(0.6,), (0.0, 0.2, 0.4)]
+    assert len(fake_stack.sequential) == 1

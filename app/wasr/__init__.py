@@ -1,0 +1,1 @@
+"""whisper-asr-webservice's API on Murmur's jobs (views.py)."""

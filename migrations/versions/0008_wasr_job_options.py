@@ -1,0 +1,35 @@
+"""jobs: the decoding options a job may set (sampling temperature, VAD on or off)
+
+Revision ID: 0008_wasr_job_options
+Revises: 0007_list_indexes
+Create Date: 2026-12-05 02:10:00.000000
+
+Issue 31: OpenAI's `temperature` and whisper-asr-webservice's `vad_filter` reach the worker
+(gpu_worker/protocol/claim.py). `temperature` is nullable (null: the worker's own decoding
+temperatures) and `vad_filter` has a server default of true, so rows from before read as
+"the worker's defaults" and no backfill rewrites the table.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0008_wasr_job_options"
+down_revision = "0007_list_indexes"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("jobs") as batch:
+        batch.add_column(sa.Column("temperature", sa.Float(), nullable=True))
+        batch.add_column(
+            sa.Column("vad_filter", sa.Boolean(), nullable=False, server_default=sa.true())
+        )
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("jobs") as batch:
+        batch.drop_column("vad_filter")
+        batch.drop_column("temperature")
