@@ -73,7 +73,7 @@ class Token:
     speaker: str | None
 
 
-def _seconds(value: Any) -> float:
+def seconds(value: Any) -> float:
     """A stored time as a finite number of seconds in range (a bad stored value reads as 0)."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return 0.0
@@ -115,8 +115,8 @@ def tokens(transcript: dict[str, Any]) -> list[Token]:
         )
         first = True
         for text, start, end, item in timed:
-            begin = _seconds(start)
-            finish = max(_seconds(end), begin)
+            begin = seconds(start)
+            finish = max(seconds(end), begin)
             speaker = speaker_of(item) or seg_speaker
             for word, space, w_start, w_end in _pieces(spaced(text), begin, finish):
                 # A segment's first word starts a new word (segments are joined with a space).

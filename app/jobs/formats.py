@@ -1,28 +1,30 @@
-"""Rendering a stored transcript as json, verbose_json, txt, srt or vtt (and diarized_json).
+"""Rendering a stored transcript as json, verbose_json, txt, srt, vtt or tsv (and diarized_json).
 
-Transcript text is data, never markup: in `srt`, `vtt` and `txt` every segment's text becomes
-exactly one line of one cue (`cue_text`), so no text can end a cue, start another, add a
-WebVTT `NOTE`/`STYLE`/`REGION` block, carry terminal escapes or reverse its display
-direction. `json` and `verbose_json` carry the stored text unchanged (JSON escapes it).
+Transcript text is data, never markup: `srt` and `vtt` write the cues of app/jobs/cues.py,
+whose every line is words made one line by app/jobs/plain_text.py, and `txt` and `tsv` write
+such lines, so no text can end a cue, start another, add a WebVTT `NOTE`/`STYLE`/`REGION`
+block, carry terminal escapes or reverse its display direction. `json` and `verbose_json`
+carry the stored text unchanged (JSON escapes it).
 
-A diarized transcript (segments carrying `speaker`, gpu_worker/speakers.py) names its speakers
-in every format: `json` and `verbose_json` carry the labels, `vtt` wraps each cue in a WebVTT
-voice span (`<v SPEAKER_00>text`), `srt` and `txt` prefix `SPEAKER_00: `. The label is added
-around the cue's text, never inside it, and only a label of the `SPEAKER_NN` pattern is ever
-written. A transcript without speakers renders exactly as before.
+Cues come from the words' times where the transcript has them, else from each segment's
+text with times shared out by character count (app/jobs/cues.py). `tsv` is one row per
+segment, as openai-whisper writes it.
+
+A diarized transcript (segments and words carrying `speaker`, gpu_worker/speakers.py) names
+its speakers in every format: `json` and `verbose_json` carry the labels, `vtt` wraps each
+cue in a WebVTT voice span (`<v SPEAKER_00>text`), `srt` and `txt` prefix `SPEAKER_00: `, and
+no cue holds two speakers' words. The label is added around the cue's text, never inside it,
+and only a label of the `SPEAKER_NN` pattern is ever written.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from typing import Any, Literal, get_args
 
-from app.jobs.cues import CueOptions, build_cues, speaker_of
+from app.jobs.cues import CueOptions, build_cues, seconds, speaker_of
 from app.jobs.plain_text import one_line
-from gpu_worker.protocol.bounds import MAX_SECONDS, finite_or_none
-
-__all__ = ["FORMATS", "CueOptions", "one_line", "render"]
+from gpu_worker.protocol.bounds import finite_or_none
 
 TranscriptFormat = Literal["json", "verbose_json", "txt", "text", "srt", "vtt", "tsv"]
 FORMATS: tuple[str, ...] = get_args(TranscriptFormat)
@@ -40,35 +42,14 @@ MEDIA_TYPES = {
 }
 
 
-# What a cue whose text is empty shows: a cue with no text line is a blank line, which ends
-# the block early in many parsers.
-EMPTY_CUE = "\u2026"
-
-
-def cue_text(text: Any) -> str:
-    """A segment's text as the single text line of one subtitle cue (`EMPTY_CUE` if empty).
-
-    The text part of any cue, in `srt` and `vtt` alike; a writer that adds a prefix (a
-    speaker's name) wraps it, and WebVTT escapes it (`vtt_escape`).
-    """
-    return one_line(text) or EMPTY_CUE
-
-
 def vtt_escape(text: str) -> str:
     """Text as WebVTT cue text: `&`, `<` and `>` as character references, so no tag, no
     timestamp tag and no `-->` can be made of it."""
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def _seconds(value: Any) -> float:
-    """A stored time as a finite number of seconds in range (a bad stored row reads as 0)."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        return 0.0
-    return min(max(float(value), 0.0), MAX_SECONDS)
-
-
-def _clock(seconds: Any, separator: str) -> str:
-    millis = round(_seconds(seconds) * 1000)
+def _clock(value: Any, separator: str) -> str:
+    millis = round(seconds(value) * 1000)
     hours, millis = divmod(millis, 3_600_000)
     minutes, millis = divmod(millis, 60_000)
     secs, millis = divmod(millis, 1000)
@@ -116,8 +97,8 @@ def to_tsv(transcript: dict[str, Any]) -> str:
     header line, as openai-whisper writes it; the text is one line without tabs."""
     rows = ["start\tend\ttext\n"]
     for seg in _segments(transcript):
-        start = round(_seconds(seg.get("start")) * 1000)
-        end = round(_seconds(seg.get("end")) * 1000)
+        start = round(seconds(seg.get("start")) * 1000)
+        end = round(seconds(seg.get("end")) * 1000)
         rows.append(f"{start}\t{end}\t{one_line(seg.get('text'))}\n")
     return "".join(rows)
 
@@ -185,7 +166,7 @@ def to_diarized_json(transcript: dict[str, Any]) -> dict[str, Any]:
         "duration": duration,
         "text": transcript.get("text", ""),
         "segments": segments,
-        "usage": {"type": "duration", "seconds": round(_seconds(duration))},
+        "usage": {"type": "duration", "seconds": round(seconds(duration))},
     }
 
 
@@ -220,7 +201,7 @@ def to_verbose_json(transcript: dict[str, Any], *, words: bool = True) -> dict[s
         "duration": transcript.get("duration", 0.0),
         "text": transcript.get("text", ""),
         "segments": segments,
-        "usage": {"type": "duration", "seconds": round(_seconds(transcript.get("duration")))},
+        "usage": {"type": "duration", "seconds": round(seconds(transcript.get("duration")))},
     }
     if transcript.get("language_probability") is not None:
         body["language_probability"] = transcript["language_probability"]
