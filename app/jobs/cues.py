@@ -316,21 +316,23 @@ def _runs(items: list[Token]) -> Iterator[list[Token]]:
         yield run
 
 
-def _timed(groups: list[tuple[Token, ...]], layout: _Layout) -> list[Cue]:
+def _timed(groups: list[tuple[Token, ...]], layout: _Layout, duration: float) -> list[Cue]:
     """Cues at their words' times, none overlapping the next, each at most MAX_CUE_SECONDS
-    and held, where the next cue leaves room, long enough to see and to read."""
+    and held, where the next cue (or the audio's end, for the last) leaves room, long enough
+    to see and to read."""
     cues: list[Cue] = []
     previous_end = 0.0
     for index, group in enumerate(groups):
+        last = index + 1 == len(groups)
         start = max(group[0].start, previous_end)
-        next_start = groups[index + 1][0].start if index + 1 < len(groups) else MAX_SECONDS
-        next_start = max(next_start, start)
-        end = min(max(t.end for t in group), start + MAX_CUE_SECONDS)
-        end = min(max(end, start), next_start)
+        room = max(duration if last else groups[index + 1][0].start, start)
+        end = max(min(max(t.end for t in group), start + MAX_CUE_SECONDS), start)
+        if not last:
+            end = min(end, room)
         lines = layout.lines(group)
         wanted = max(MIN_CUE_SECONDS, sum(len(line) for line in lines) / READING_CHARS_PER_SECOND)
         if end - start < wanted:
-            end = max(end, min(start + wanted, next_start, start + MAX_CUE_SECONDS))
+            end = max(end, min(start + wanted, room, start + MAX_CUE_SECONDS))
         cues.append(Cue(start, end, lines, group[0].speaker))
         previous_end = end
     return cues
@@ -345,4 +347,4 @@ def build_cues(transcript: dict[str, Any], options: CueOptions) -> list[Cue]:
     groups: list[tuple[Token, ...]] = []
     for run in _runs(items):
         groups.extend(g for g in _group(run, layout) if g)
-    return _timed(groups, layout)
+    return _timed(groups, layout, seconds(transcript.get("duration")))
