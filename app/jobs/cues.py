@@ -265,14 +265,18 @@ def _cue_break(items: list[Token], layout: _Layout) -> int:
 
 def _ends_cue(run: list[Token], index: int, current: list[Token], layout: _Layout) -> bool:
     """Whether the cue ends after run[index] (its last word so far, `current` its words): at a
-    long pause, or at a sentence end when the whole next sentence would not fit in it too."""
+    long pause, or at a sentence end, unless no pause follows and the whole next sentence
+    fits in the cue's lines left (a sentence in a cue starts a line)."""
     if index + 1 >= len(run):
         return False
     following = run[index + 1]
-    if following.start - run[index].end >= CLOSING_PAUSE:
+    gap = following.start - run[index].end
+    if gap >= CLOSING_PAUSE:
         return True
     if not (following.spaced and _SENTENCE_END.search(run[index].text)):
         return False
+    if gap >= PAUSE:
+        return True
     room = layout.width * layout.count - len(join(current))
     end = index + 1
     while not _SENTENCE_END.search(run[end].text) and end + 1 < len(run):
@@ -280,7 +284,11 @@ def _ends_cue(run: list[Token], index: int, current: list[Token], layout: _Layou
         if room < 0:
             return True
         end += 1
-    return not layout.fits((*current, *run[index + 1 : end + 1]))
+    following_sentence = tuple(run[index + 1 : end + 1])
+    if following_sentence[-1].end - current[0].start > MAX_CUE_SECONDS:
+        return True
+    lines = layout.line_count(tuple(current)) + layout.line_count(following_sentence)
+    return lines > layout.count
 
 
 def _group(run: list[Token], layout: _Layout) -> list[tuple[Token, ...]]:
