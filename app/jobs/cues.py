@@ -247,9 +247,11 @@ class _Layout:
         return tuple(reversed(lines))
 
 
-def _cue_break(items: list[Token], layout: _Layout) -> int:
+def _cue_break(items: list[Token], layout: _Layout, sentence_rest: int) -> int:
     """Where a cue that cannot take its last word ends: the number of words it keeps, at the
-    best-placed break, later breaks preferred (cues as full as they may be)."""
+    best-placed break, later breaks preferred (cues as full as they may be), but not leaving
+    a sentence's last few words to a cue of their own (`sentence_rest`: the characters of
+    that sentence after `items`)."""
     chars = len(join(items))
     capacity = layout.width * layout.count
     best, where = -math.inf, len(items) - 1
@@ -258,6 +260,9 @@ def _cue_break(items: list[Token], layout: _Layout) -> int:
         score = break_score(items, index) + 40 * kept / max(chars, 1)
         if kept < capacity / 3:
             score -= 50  # a short flash of a few words, and a crowded next cue
+        tail = len(join(items[index + 1 :])) + sentence_rest
+        if tail < capacity / 4 and not _SENTENCE_END.search(items[index].text):
+            score -= 60  # a sentence's tail alone
         if score > best:
             best, where = score, index + 1
     return where
@@ -291,13 +296,23 @@ def _ends_cue(run: list[Token], index: int, current: list[Token], layout: _Layou
     return lines > layout.count
 
 
+def _sentence_rest(run: list[Token], index: int, layout: _Layout) -> int:
+    """The characters of run[index]'s sentence after it (counted up to a cue's capacity)."""
+    rest, end = 0, index
+    capacity = layout.width * layout.count
+    while not _SENTENCE_END.search(run[end].text) and end + 1 < len(run) and rest <= capacity:
+        end += 1
+        rest += len(run[end].text) + 1
+    return rest
+
+
 def _group(run: list[Token], layout: _Layout) -> list[tuple[Token, ...]]:
     """One speaker's words cut into cues."""
     groups: list[tuple[Token, ...]] = []
     current: list[Token] = []
     for index, token in enumerate(run):
         if current and not layout.fits((*current, token)):
-            keep = _cue_break([*current, token], layout)
+            keep = _cue_break([*current, token], layout, _sentence_rest(run, index, layout))
             groups.append(tuple(current[:keep]))
             current = current[keep:]
             if current and not layout.fits((*current, token)):
