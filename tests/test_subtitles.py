@@ -166,6 +166,8 @@ def timed_texts(draw: st.DrawFn) -> dict[str, Any]:
 @given(transcript=timed_texts())
 @example(transcript=_transcript(HOSTILE, [(i, i + 0.5) for i in range(len(HOSTILE))]))
 @example(transcript=_transcript([FORGED, "second"], [(0.0, 1.0), (1.0, 2.5)]))
+# No-break and other Unicode spaces are spaces: never a cue line of their own.
+@example(transcript=_transcript(["\xa0", "a \xa0 b\u3000\u2003c"], [(0.0, 0.0), (0.0, 9.0)]))
 def test_any_stored_transcript_parses_into_cues_of_its_words(
     transcript: dict[str, Any],
 ) -> None:

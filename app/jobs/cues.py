@@ -39,6 +39,7 @@ _BREAK_BEFORE = frozenset(_BREAK_BEFORE_TEXT.split())
 # ... and never after these (articles and possessives), where the text allows.
 _NO_BREAK_AFTER = frozenset("a an the my your his her its our their this these those".split())  # noqa: SIM905
 _EDGE_PUNCTUATION = re.compile(r"^\W+|\W+$")
+_WORD = re.compile(r"\S+")
 # What a stored speaker label may be (gpu_worker/protocol/transcript.py, `SpeakerLabel`).
 SPEAKER = re.compile(r"SPEAKER_[0-9]{2,3}")
 
@@ -87,16 +88,15 @@ def speaker_of(item: dict[str, Any]) -> str | None:
 
 
 def _pieces(text: str, start: float, end: float) -> Iterator[tuple[str, bool, float, float]]:
-    """`text` (spaced) as its words, each with the share of start..end its characters take."""
-    words = text.split(" ")
-    total = sum(len(w) for w in words) or 1
+    """`text`'s words (runs of non-space), each with whether a space precedes it and the
+    share of start..end its characters take."""
+    words = list(_WORD.finditer(text))
+    total = sum(len(w.group()) for w in words) or 1
     done = 0
-    for index, word in enumerate(words):
-        if not word:
-            continue
+    for word in words:
         begin = start + (end - start) * done / total
-        done += len(word)
-        yield word, index > 0 or text.startswith(" "), begin, start + (end - start) * done / total
+        done += len(word.group())
+        yield word.group(), word.start() > 0, begin, start + (end - start) * done / total
 
 
 def tokens(transcript: dict[str, Any]) -> list[Token]:
