@@ -188,6 +188,11 @@ def break_score(items: list[Token] | tuple[Token, ...], index: int) -> float:
     return score
 
 
+def chars(items: list[Token] | tuple[Token, ...]) -> int:
+    """The length of `join(items)` at most (without building it)."""
+    return sum(len(t.text) + (t.spaced and i > 0) for i, t in enumerate(items))
+
+
 class _Layout:
     """Fitting words into the lines of one cue."""
 
@@ -196,18 +201,22 @@ class _Layout:
         self.count = options.max_line_count
         self.words = options.max_words_per_line or 10**6
 
-    def fits_line(self, items: tuple[Token, ...]) -> bool:
-        return len(items) <= self.words and len(join(items)) <= self.width
+    def _widths(self, items: tuple[Token, ...], begin: int) -> Iterator[int]:
+        """The width of each line from items[begin] that fits: ending at begin+1, begin+2..."""
+        width = 0
+        for end in range(begin, min(len(items), begin + self.words)):
+            width += len(items[end].text) + (end > begin and items[end].spaced)
+            if width > self.width and end > begin:
+                return
+            yield width
 
     def line_count(self, items: tuple[Token, ...], most: int = 10**6) -> int:
         """The fewest lines the words take (filling each line in turn is optimal), counted up
         to one more than `most`."""
         lines, begin = 0, 0
         while begin < len(items) and lines <= most:
-            end = begin + 1
-            while end < len(items) and self.fits_line(items[begin : end + 1]):
-                end += 1
-            lines, begin = lines + 1, end
+            begin += max(1, sum(1 for _ in self._widths(items, begin)))
+            lines += 1
         return lines
 
     def fits(self, items: tuple[Token, ...]) -> bool:
@@ -220,24 +229,20 @@ class _Layout:
         best placed (dynamic programming over the break points)."""
         count = self.line_count(items)
         n = len(items)
-        inf = float("inf")
+        scores = [3 * break_score(items, i - 1) if 0 < i < n else 0.0 for i in range(n + 1)]
         # best[k][i]: the least cost of the first i words in k lines, and where line k began.
-        best = [[(inf, 0)] * (n + 1) for _ in range(count + 1)]
+        best = [[(math.inf, 0)] * (n + 1) for _ in range(count + 1)]
         best[0][0] = (0.0, 0)
         for k in range(1, count + 1):
-            for i in range(1, n + 1):
-                for begin in range(i - 1, -1, -1):
-                    if not self.fits_line(items[begin:i]):
-                        break
-                    before = best[k - 1][begin][0]
-                    if before == inf:
-                        continue
-                    slack = self.width - len(join(items[begin:i]))
-                    cost = before + slack * slack
-                    if i < n:
-                        cost -= 3 * break_score(items, i - 1)
-                    if cost < best[k][i][0]:
-                        best[k][i] = (cost, begin)
+            for begin in range(n):
+                before = best[k - 1][begin][0]
+                if before == math.inf:
+                    continue
+                for length, width in enumerate(self._widths(items, begin), start=1):
+                    slack = self.width - width
+                    cost = before + slack * slack - scores[begin + length]
+                    if cost < best[k][begin + length][0]:
+                        best[k][begin + length] = (cost, begin)
         lines: list[str] = []
         end = n
         for k in range(count, 0, -1):
@@ -252,15 +257,16 @@ def _cue_break(items: list[Token], layout: _Layout, sentence_rest: int) -> int:
     best-placed break, later breaks preferred (cues as full as they may be), but not leaving
     a sentence's last few words to a cue of their own (`sentence_rest`: the characters of
     that sentence after `items`)."""
-    chars = len(join(items))
+    total = chars(items)
     capacity = layout.width * layout.count
     best, where = -math.inf, len(items) - 1
+    kept = 0
     for index in range(len(items) - 1):
-        kept = len(join(items[: index + 1]))
-        score = break_score(items, index) + 40 * kept / max(chars, 1)
+        kept += len(items[index].text) + (index > 0 and items[index].spaced)
+        score = break_score(items, index) + 40 * kept / max(total, 1)
         if kept < capacity / 3:
             score -= 50  # a short flash of a few words, and a crowded next cue
-        tail = len(join(items[index + 1 :])) + sentence_rest
+        tail = total - kept + sentence_rest
         if tail < capacity / 4 and not _SENTENCE_END.search(items[index].text):
             score -= 60  # a sentence's tail alone
         if score > best:
@@ -282,7 +288,7 @@ def _ends_cue(run: list[Token], index: int, current: list[Token], layout: _Layou
         return False
     if gap >= PAUSE:
         return True
-    room = layout.width * layout.count - len(join(current))
+    room = layout.width * layout.count - chars(current)
     end = index + 1
     while not _SENTENCE_END.search(run[end].text) and end + 1 < len(run):
         room -= len(run[end].text) + 1
