@@ -219,10 +219,24 @@ class _Layout:
             lines += 1
         return lines
 
-    def fits(self, items: tuple[Token, ...]) -> bool:
-        if len(items) > 1 and items[-1].end - items[0].start > MAX_CUE_SECONDS:
+    def add(self, filled: tuple[int, int, int], token: Token) -> tuple[int, int, int]:
+        """(lines, last line's width, its words) once `token` follows words filled so."""
+        lines, width, words = filled
+        if lines and words < self.words and width + token.spaced + len(token.text) <= self.width:
+            return lines, width + token.spaced + len(token.text), words + 1
+        return lines + 1, len(token.text), 1
+
+    def filled(self, items: list[Token]) -> tuple[int, int, int]:
+        state = (0, 0, 0)
+        for token in items:
+            state = self.add(state, token)
+        return state
+
+    def fits(self, items: list[Token], token: Token, filled: tuple[int, int, int]) -> bool:
+        """Whether `token` fits in the cue of `items` (filled so), lines and duration."""
+        if items and token.end - items[0].start > MAX_CUE_SECONDS:
             return False
-        return self.line_count(items, self.count) <= self.count
+        return self.add(filled, token)[0] <= self.count
 
     def lines(self, items: tuple[Token, ...]) -> tuple[str, ...]:
         """The words in the fewest lines, broken where the lines are most even and the breaks
@@ -316,18 +330,21 @@ def _group(run: list[Token], layout: _Layout) -> list[tuple[Token, ...]]:
     """One speaker's words cut into cues."""
     groups: list[tuple[Token, ...]] = []
     current: list[Token] = []
+    filled = layout.filled(current)
     for index, token in enumerate(run):
-        if current and not layout.fits((*current, token)):
+        if current and not layout.fits(current, token, filled):
             keep = _cue_break([*current, token], layout, _sentence_rest(run, index, layout))
             groups.append(tuple(current[:keep]))
             current = current[keep:]
-            if current and not layout.fits((*current, token)):
+            filled = layout.filled(current)
+            if current and not layout.fits(current, token, filled):
                 groups.append(tuple(current))
-                current = []
+                current, filled = [], layout.filled([])
         current.append(token)
+        filled = layout.add(filled, token)
         if _ends_cue(run, index, current, layout):
             groups.append(tuple(current))
-            current = []
+            current, filled = [], layout.filled([])
     if current:
         groups.append(tuple(current))
     return groups
