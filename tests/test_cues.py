@@ -186,6 +186,14 @@ def test_words_without_spaces_join_without_spaces() -> None:
     assert [c.lines for c in cues] == [("今日は良い天気です。",)]
 
 
+def test_words_without_a_leading_space_take_their_spacing_from_the_segment_text() -> None:
+    """WhisperX's words carry no leading space; faster-whisper's do."""
+    for words, text in [(["Hello,", "world."], " Hello, world."), (["今日", "は"], "今日は")]:
+        timed = [{"word": w, "start": i, "end": i + 0.5} for i, w in enumerate(words)]
+        transcript = {"segments": [{"start": 0, "end": 2, "text": text, "words": timed}]}
+        assert [c.lines for c in build_cues(transcript, CueOptions())] == [(text.strip(),)]
+
+
 def test_a_speaker_change_starts_a_new_cue() -> None:
     words = [
         {"word": " Hello", "start": 0.0, "end": 0.4, "speaker": "SPEAKER_00"},

@@ -87,16 +87,31 @@ def speaker_of(item: dict[str, Any]) -> str | None:
     return speaker if isinstance(speaker, str) and SPEAKER.fullmatch(speaker) else None
 
 
-def _pieces(text: str, start: float, end: float) -> Iterator[tuple[str, bool, float, float]]:
-    """`text`'s words (runs of non-space), each with whether a space precedes it and the
-    share of start..end its characters take."""
+def _pieces(
+    text: str, start: float, end: float, lead: bool
+) -> Iterator[tuple[str, bool, float, float]]:
+    """`text`'s words (runs of non-space), each with whether a space precedes it (`lead`: one
+    precedes the text) and the share of start..end its characters take."""
     words = list(_WORD.finditer(text))
     total = sum(len(w.group()) for w in words) or 1
     done = 0
     for word in words:
         begin = start + (end - start) * done / total
         done += len(word.group())
-        yield word.group(), word.start() > 0, begin, start + (end - start) * done / total
+        yield word.group(), word.start() > 0 or lead, begin, start + (end - start) * done / total
+
+
+def _spaced_in(text: str, words: list[str]) -> list[bool]:
+    """Whether a space precedes each word in its segment's `text`: WhisperX's words carry
+    no leading space, faster-whisper's do, and neither does between CJK characters."""
+    leads, position = [], 0
+    for word in words:
+        core = word.strip()
+        # The next word follows within a few characters (spaces, or a stored mismatch).
+        found = text.find(core, position, position + len(core) + 16) if core else -1
+        leads.append(found > 0 and text[found - 1].isspace())
+        position = found + len(core) if found >= 0 else position
+    return leads
 
 
 def tokens(transcript: dict[str, Any]) -> list[Token]:
@@ -109,16 +124,17 @@ def tokens(transcript: dict[str, Any]) -> list[Token]:
         seg_speaker = speaker_of(seg)
         words = [w for w in seg.get("words") or [] if isinstance(w, dict)]
         timed = (
-            [(w.get("word"), w.get("start"), w.get("end"), w) for w in words]
+            [(spaced(w.get("word")), w.get("start"), w.get("end"), w) for w in words]
             if words
-            else [(seg.get("text"), seg.get("start"), seg.get("end"), seg)]
+            else [(spaced(seg.get("text")), seg.get("start"), seg.get("end"), seg)]
         )
+        leads = _spaced_in(spaced(seg.get("text")), [text for text, *_ in timed])
         first = True
-        for text, start, end, item in timed:
+        for (text, start, end, item), lead in zip(timed, leads, strict=True):
             begin = seconds(start)
             finish = max(seconds(end), begin)
             speaker = speaker_of(item) or seg_speaker
-            for word, space, w_start, w_end in _pieces(spaced(text), begin, finish):
+            for word, space, w_start, w_end in _pieces(text, begin, finish, lead):
                 # A segment's first word starts a new word (segments are joined with a space).
                 space = (space or first) and bool(out)
                 out.append(Token(word, space, w_start, w_end, speaker))
