@@ -186,6 +186,14 @@ def test_words_without_spaces_join_without_spaces() -> None:
     assert [c.lines for c in cues] == [("今日は良い天気です。",)]
 
 
+def test_unspaced_text_breaks_cues_at_its_sentence_ends() -> None:
+    text = "今日は良い天気です。明日は雨が降るでしょう。"
+    words = [{"word": ch, "start": i * 0.3, "end": i * 0.3 + 0.3} for i, ch in enumerate(text)]
+    transcript = {"segments": [{"start": 0, "end": 7, "text": text, "words": words}]}
+    cues = build_cues(transcript, CueOptions(max_line_width=12, max_line_count=1))
+    assert [c.lines for c in cues] == [("今日は良い天気です。",), ("明日は雨が降るでしょう。",)]
+
+
 def test_words_without_a_leading_space_take_their_spacing_from_the_segment_text() -> None:
     """WhisperX's words carry no leading space; faster-whisper's do."""
     for words, text in [(["Hello,", "world."], " Hello, world."), (["今日", "は"], "今日は")]:

@@ -37,7 +37,8 @@ _BREAK_BEFORE_TEXT = (
 )
 _BREAK_BEFORE = frozenset(_BREAK_BEFORE_TEXT.split())
 # ... and never after these (articles and possessives), where the text allows.
-_NO_BREAK_AFTER = frozenset("a an the my your his her its our their this these those".split())  # noqa: SIM905
+_NO_BREAK_AFTER_TEXT = "a an the my your his her its our their this these those"
+_NO_BREAK_AFTER = frozenset(_NO_BREAK_AFTER_TEXT.split())
 _EDGE_PUNCTUATION = re.compile(r"^\W+|\W+$")
 _WORD = re.compile(r"\S+")
 # What a stored speaker label may be (gpu_worker/protocol/transcript.py, `SpeakerLabel`).
@@ -187,14 +188,14 @@ def break_score(items: list[Token] | tuple[Token, ...], index: int) -> float:
     word = items[index].text
     following = items[index + 1] if index + 1 < len(items) else None
     gap = following.start - items[index].end if following else 0.0
-    if not (following is None or following.spaced):
-        return -100.0  # inside a word cut to fit a line, or between unspaced characters
     if _SENTENCE_END.search(word):
         score = 100.0
     elif _CLAUSE_END.search(word):
         score = 60.0
     elif gap >= PAUSE:
         score = 40.0 + 5 * min(gap, 2.0)
+    elif following is not None and not following.spaced:
+        return -100.0  # inside a word cut to fit a line, or between unspaced characters
     elif following is not None and _bare(following.text) in _BREAK_BEFORE:
         score = 20.0
     else:
@@ -314,7 +315,7 @@ def _ends_cue(run: list[Token], index: int, current: list[Token], layout: _Layou
     gap = following.start - run[index].end
     if gap >= CLOSING_PAUSE:
         return True
-    if not (following.spaced and _SENTENCE_END.search(run[index].text)):
+    if not _SENTENCE_END.search(run[index].text):
         return False
     if gap >= PAUSE:
         return True
