@@ -10,11 +10,13 @@ fallback without word times, and the download's query options.
 
 from __future__ import annotations
 
+import io
 import json
 from typing import Any
 
 import pytest
 import srt
+import webvtt
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -270,3 +272,35 @@ def test_a_bad_cue_option_is_refused(client: Any, query: str) -> None:
     assert response.status_code == 400
     error = response.get_json()["error"]
     assert error["code"] == "invalid_parameter" and query.split("=")[0] in error["message"]
+
+
+def test_a_short_cue_is_held_to_be_seen_and_read_where_the_next_leaves_room() -> None:
+    words = [
+        {"word": " Yes.", "start": 0.0, "end": 0.2},
+        {"word": " Absolutely, that is exactly what we wanted.", "start": 3.0, "end": 3.5},
+        {"word": " Next.", "start": 6.0, "end": 6.05},
+        {"word": " Go.", "start": 6.5, "end": 6.6},  # after a pause: its own cue
+    ]
+    transcript = {"segments": [{"start": 0, "end": 6.6, "text": "", "words": words}]}
+    cues = build_cues(transcript, CueOptions())
+    assert [c.lines for c in cues][1] == ("Absolutely, that is", "exactly what we wanted.")
+    # 5/6 s to be seen; 42 characters at 20 a second; up to the next cue; the last as said
+    # (the audio's end is not known here).
+    expected = [0.0, MIN_CUE_SECONDS, 3.0, 3.0 + 42 / 20, 6.0, 6.5, 6.5, 6.6]
+    assert [t for c in cues for t in (c.start, c.end)] == pytest.approx(expected)
+
+
+def test_a_diarized_cue_of_two_lines_parses_with_its_voice_and_prefix() -> None:
+    text = " Good morning everyone, and welcome to the weekly operations review."
+    words = [
+        {"word": " " + w, "start": i * 0.3, "end": i * 0.3 + 0.25, "speaker": "SPEAKER_01"}
+        for i, w in enumerate(text.split())
+    ]
+    segment = {"start": 0, "end": 4, "text": text, "words": words, "speaker": "SPEAKER_01"}
+    transcript = {"segments": [segment], "speakers": ["SPEAKER_01"], "duration": 4}
+    cue = srt.parse(render(transcript, "srt")[0]).__next__()
+    lines = ["Good morning everyone, and welcome", "to the weekly operations review."]
+    assert cue.content == "SPEAKER_01: " + "\n".join(lines)
+    vtt = webvtt.from_buffer(io.StringIO(render(transcript, "vtt")[0]), strict=True)
+    assert [c.voice for c in vtt.captions] == ["SPEAKER_01"]
+    assert vtt.captions[0].text.split("\n") == lines
