@@ -201,7 +201,7 @@ class _MultipartUpload:
     "fmt",
     default="txt",
     show_default=True,
-    type=click.Choice(["json", "verbose_json", "txt", "srt", "vtt"]),
+    type=click.Choice(["json", "verbose_json", "txt", "srt", "vtt", "tsv"]),
 )
 @click.option("--language", default=None, help="ISO 639-1 code, e.g. en.")
 @click.option("--words", is_flag=True, help="Ask for word timestamps.")

@@ -360,6 +360,7 @@ def openapi_document() -> dict[str, Any]:
                                 "text/plain": {},
                                 "application/x-subrip": {},
                                 "text/vtt": {},
+                                "text/tab-separated-values": {},
                             },
                         },
                         "400": _ERROR,

@@ -160,6 +160,8 @@ def test_a_transcript_without_speakers_renders_as_before():
 def test_a_stored_label_outside_the_protocol_is_not_rendered(diarized):
     # A row written by hand (or by a bug) cannot inject markup through the speaker field.
     diarized["segments"][0]["speaker"] = "</v><script>"
+    for word in diarized["segments"][0]["words"]:
+        word["speaker"] = "</v><script>"
     body, _ = render(diarized, "vtt")
     assert "<script>" not in body
     assert "00:00:00.000 --> 00:00:02.000\nGood morning.\n" in body

@@ -2,8 +2,10 @@
 
 Whatever a segment's text holds (blank lines, a timing line, a WebVTT `NOTE`, terminal
 escapes, lone CR, U+2028, bidi overrides), `srt` and `vtt` parse, with maintained parsers
-from PyPI (`srt`, `webvtt-py`), into exactly one cue per segment at the segment's times, and
-`txt` is one line; `json` and `verbose_json` carry the text as stored.
+from PyPI (`srt`, `webvtt-py`), into cues (app/jobs/cues.py) that carry exactly the segments'
+words made plain, in order, within the segments' times, none overlapping; no text line is
+anything but words; `txt` is one line; `json` and `verbose_json` carry the stored text as
+stored.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from app.db import Database
-from app.jobs.formats import EMPTY_CUE, cue_text, one_line, render, vtt_escape
+from app.jobs.cues import MAX_CUE_SECONDS
+from app.jobs.formats import one_line, render, vtt_escape
 from gpu_worker.protocol.bounds import MAX_SECONDS
 from tests.conftest import add_worker, auth
 from tests.test_api_input import upload
@@ -65,34 +68,65 @@ def _millis(seconds: float) -> int:
     return round(min(max(seconds, 0.0), MAX_SECONDS) * 1000)
 
 
-def _check_parses_one_cue_per_segment(transcript: dict[str, Any]) -> None:
+def _letters(texts: list[str]) -> str:
+    """The texts without their whitespace: what cues must carry, however they break lines."""
+    return "".join("".join(text.split()) for text in texts)
+
+
+def _unescaped(vtt_text: str) -> str:
+    return vtt_text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+
+
+def _check_times(times: list[tuple[int, int]], transcript: dict[str, Any]) -> None:
+    """Cues in order, none overlapping, none longer than MAX_CUE_SECONDS, all within the
+    segments' span (to the millisecond)."""
     segments = transcript["segments"]
+    first = min((_millis(s["start"]) for s in segments), default=0)
+    last = max((max(_millis(s["end"]), _millis(s["start"])) for s in segments), default=0)
+    previous_end = 0
+    for start, end in times:
+        assert previous_end <= start <= end <= start + MAX_CUE_SECONDS * 1000 + 1
+        assert first <= start and end <= max(last, start + 1000)
+        previous_end = end
+
+
+def _check_parses_into_cues_of_the_words(transcript: dict[str, Any]) -> None:
+    segments = transcript["segments"]
+    words = _letters([one_line(seg["text"]) for seg in segments])
 
     body, _ = render(transcript, "srt")
     cues = list(srt.parse(body, ignore_errors=False))
-    assert len(cues) == len(segments), body
-    for cue, seg in zip(cues, segments, strict=True):
-        assert cue.start == timedelta(milliseconds=_millis(seg["start"]))
-        assert cue.end == timedelta(milliseconds=_millis(seg["end"]))
-        assert cue.content == cue_text(seg["text"])
-        assert cue.content and not FORBIDDEN.search(cue.content)
+    # Every cue is one timing line and its text lines: nothing else in the file.
+    assert body.count("-->") == len(cues), body
+    assert _letters([cue.content for cue in cues]) == words, body
+    for cue in cues:
+        assert all(line.strip() for line in cue.content.split("\n"))
+        assert cue.content and not FORBIDDEN.search(cue.content.replace("\n", " "))
+    _check_times([(_td(c.start), _td(c.end)) for c in cues], transcript)
 
     body, _ = render(transcript, "vtt")
     vtt = webvtt.from_buffer(io.StringIO(body), strict=True)
-    assert len(vtt.captions) == len(segments), body
+    assert body.count("-->") == len(vtt.captions), body
     assert not vtt.styles and not vtt.header_comments and not vtt.footer_comments
-    for caption, seg in zip(vtt.captions, segments, strict=True):
-        assert caption.start_time.in_milliseconds() == _millis(seg["start"])
-        assert caption.end_time.in_milliseconds() == _millis(seg["end"])
-        assert caption.raw_text == vtt_escape(cue_text(seg["text"]))
+    assert _letters([_unescaped(c.raw_text) for c in vtt.captions]) == words, body
+    for caption in vtt.captions:
         assert caption.identifier is None
-        assert not FORBIDDEN.search(caption.raw_text) and "<" not in caption.raw_text
-    # Every cue is one timing line and one text line: nothing else in the file.
-    assert body.count("-->") == len(segments)
+        text = caption.raw_text.replace("\n", " ")
+        assert not FORBIDDEN.search(text) and "<" not in text
+    times = [(c.start_time.in_milliseconds(), c.end_time.in_milliseconds()) for c in vtt.captions]
+    _check_times(times, transcript)
 
     body, _ = render(transcript, "txt")
     assert body.endswith("\n") and "\n" not in body[:-1]
     assert not FORBIDDEN.search(body[:-1])
+
+    body, _ = render(transcript, "tsv")
+    rows = body.split("\n")
+    assert rows[0] == "start\tend\ttext" and rows[-1] == "" and len(rows) == len(segments) + 2
+    for row, seg in zip(rows[1:-1], segments, strict=True):
+        start, end = str(_millis(seg["start"])), str(_millis(seg["end"]))
+        assert row.split("\t") == [start, end, one_line(seg["text"])]
+        assert not FORBIDDEN.search(row.replace("\t", " "))
 
     # The JSON formats carry the stored text, unchanged.
     body, _ = render(transcript, "json")
@@ -100,6 +134,10 @@ def _check_parses_one_cue_per_segment(transcript: dict[str, Any]) -> None:
     body, _ = render(transcript, "verbose_json")
     stored = [seg["text"] for seg in segments]
     assert [seg["text"] for seg in json.loads(body)["segments"]] == stored
+
+
+def _td(value: timedelta) -> int:
+    return value // timedelta(milliseconds=1)
 
 
 @st.composite
@@ -128,29 +166,30 @@ def timed_texts(draw: st.DrawFn) -> dict[str, Any]:
 @given(transcript=timed_texts())
 @example(transcript=_transcript(HOSTILE, [(i, i + 0.5) for i in range(len(HOSTILE))]))
 @example(transcript=_transcript([FORGED, "second"], [(0.0, 1.0), (1.0, 2.5)]))
-def test_any_stored_transcript_parses_into_one_cue_per_segment(
+# No-break and other Unicode spaces are spaces: never a cue line of their own.
+@example(transcript=_transcript(["\xa0", "a \xa0 b\u3000\u2003c"], [(0.0, 0.0), (0.0, 9.0)]))
+def test_any_stored_transcript_parses_into_cues_of_its_words(
     transcript: dict[str, Any],
 ) -> None:
-    _check_parses_one_cue_per_segment(transcript)
+    _check_parses_into_cues_of_the_words(transcript)
 
 
-def test_cue_text_is_one_line_of_the_words() -> None:
-    assert cue_text(FORGED) == "hello 00:00:00,000 -> 99:59:59,999 forged cue NOTE forged note"
-    assert cue_text("ok\x1b[2J done") == "ok [2J done"
-    assert cue_text("\u202eevil\u202c") == "evil"
-    assert cue_text("tab\there") == "tab here"
-    assert cue_text("a --- > b ---> c") == "a --- > b -> c"
-    # Nothing left to show: a visible placeholder, never an empty line that ends the cue.
-    assert cue_text(" \n\u202e ") == EMPTY_CUE
+def test_one_line_is_the_words_made_plain() -> None:
+    assert one_line(FORGED) == "hello 00:00:00,000 -> 99:59:59,999 forged cue NOTE forged note"
+    assert one_line("ok\x1b[2J done") == "ok [2J done"
+    assert one_line("\u202eevil\u202c") == "evil"
+    assert one_line("tab\there") == "tab here"
+    assert one_line("a --- > b ---> c") == "a --- > b -> c"
+    assert one_line(" \n\u202e ") == ""
     assert one_line(" \n ") == ""
     assert vtt_escape("a <b> & c-->") == "a &lt;b&gt; &amp; c--&gt;"
 
 
-def test_a_forged_transcript_from_a_worker_downloads_as_one_cue_per_segment(
+def test_a_forged_transcript_from_a_worker_downloads_as_cues_of_its_words(
     client: Any, db: Database
 ) -> None:
     """The issue's attack end to end: a worker's result holds the forgery; the downloads
-    through the API hold two cues and no NOTE block."""
+    through the API hold the words as cue text, no forged cue and no NOTE block."""
     worker = add_worker(db)
     job_id = upload(client).get_json()["id"]
     assert call(client, worker, f"/jobs/{job_id}/claim").status_code == 200
@@ -167,15 +206,16 @@ def test_a_forged_transcript_from_a_worker_downloads_as_one_cue_per_segment(
         assert response.status_code == 200
         return str(response.get_data(as_text=True))
 
+    words = one_line(FORGED) + " second line reversed"
     subrip = download("srt")
-    assert [c.content for c in srt.parse(subrip)] == [cue_text(FORGED), "second line reversed"]
-    assert subrip.count("-->") == 2
+    cues = list(srt.parse(subrip))
+    assert " ".join(c.content.replace("\n", " ") for c in cues) == words
+    assert subrip.count("-->") == len(cues) and cues[0].start == timedelta(0)
+    assert cues[-1].end <= timedelta(seconds=2)
     vtt = download("vtt")
     captions = webvtt.from_buffer(io.StringIO(vtt), strict=True).captions
-    assert [(c.start, c.end) for c in captions] == [
-        ("00:00:00.000", "00:00:01.000"),
-        ("00:00:01.000", "00:00:02.000"),
-    ]
-    assert vtt.count("-->") == 2 and "\nNOTE" not in vtt
+    assert " ".join(_unescaped(c.raw_text).replace("\n", " ") for c in captions) == words
+    assert captions[0].start == "00:00:00.000" and captions[-1].end <= "00:00:02.000"
+    assert vtt.count("-->") == len(captions) and "\nNOTE" not in vtt
     verbose = json.loads(download("verbose_json"))
     assert [s["text"] for s in verbose["segments"]] == [s["text"] for s in segments]

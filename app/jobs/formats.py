@@ -1,30 +1,32 @@
-"""Rendering a stored transcript as json, verbose_json, txt, srt or vtt (and diarized_json).
+"""Rendering a stored transcript as json, verbose_json, txt, srt, vtt or tsv (and diarized_json).
 
-Transcript text is data, never markup: in `srt`, `vtt` and `txt` every segment's text becomes
-exactly one line of one cue (`cue_text`), so no text can end a cue, start another, add a
-WebVTT `NOTE`/`STYLE`/`REGION` block, carry terminal escapes or reverse its display
-direction. `json` and `verbose_json` carry the stored text unchanged (JSON escapes it).
+Transcript text is data, never markup: `srt` and `vtt` write the cues of app/jobs/cues.py,
+whose every line is words made one line by app/jobs/plain_text.py, and `txt` and `tsv` write
+such lines, so no text can end a cue, start another, add a WebVTT `NOTE`/`STYLE`/`REGION`
+block, carry terminal escapes or reverse its display direction. `json` and `verbose_json`
+carry the stored text unchanged (JSON escapes it).
 
-A diarized transcript (segments carrying `speaker`, gpu_worker/speakers.py) names its speakers
-in every format: `json` and `verbose_json` carry the labels, `vtt` wraps each cue in a WebVTT
-voice span (`<v SPEAKER_00>text`), `srt` and `txt` prefix `SPEAKER_00: `. The label is added
-around the cue's text, never inside it, and only a label of the `SPEAKER_NN` pattern is ever
-written. A transcript without speakers renders exactly as before.
+Cues come from the words' times where the transcript has them, else from each segment's
+text with times shared out by character count (app/jobs/cues.py). `tsv` is one row per
+segment, as openai-whisper writes it.
+
+A diarized transcript (segments and words carrying `speaker`, gpu_worker/speakers.py) names
+its speakers in every format: `json` and `verbose_json` carry the labels, `vtt` wraps each
+cue in a WebVTT voice span (`<v SPEAKER_00>text`), `srt` and `txt` prefix `SPEAKER_00: `, and
+no cue holds two speakers' words. The label is added around the cue's text, never inside it,
+and only a label of the `SPEAKER_NN` pattern is ever written.
 """
 
 from __future__ import annotations
 
 import json
-import math
-import re
 from typing import Any, Literal, get_args
 
-from gpu_worker.protocol.bounds import MAX_SECONDS, finite_or_none
+from app.jobs.cues import CueOptions, build_cues, seconds, speaker_of
+from app.jobs.plain_text import one_line
+from gpu_worker.protocol.bounds import finite_or_none
 
-# What a stored speaker label may be (gpu_worker/protocol/transcript.py, `SpeakerLabel`).
-_SPEAKER = re.compile(r"SPEAKER_[0-9]{2,3}")
-
-TranscriptFormat = Literal["json", "verbose_json", "txt", "text", "srt", "vtt"]
+TranscriptFormat = Literal["json", "verbose_json", "txt", "text", "srt", "vtt", "tsv"]
 FORMATS: tuple[str, ...] = get_args(TranscriptFormat)
 
 MEDIA_TYPES = {
@@ -34,48 +36,10 @@ MEDIA_TYPES = {
     "text": "text/plain; charset=utf-8",
     "srt": "application/x-subrip; charset=utf-8",
     "vtt": "text/vtt; charset=utf-8",
+    "tsv": "text/tab-separated-values; charset=utf-8",
     # OpenAI's endpoint only (response_format=diarized_json): not a transcript download format.
     "diarized_json": "application/json",
 }
-
-
-# Line and paragraph breaks of every kind, and every other C0/C1 control (tab, ESC, DEL):
-# each becomes a space. Python's `str.splitlines` (and subtitle parsers built on it) also
-# break lines at \x1c-\x1e and \x85, all inside these ranges.
-_BREAKS_AND_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
-# Bidirectional embeddings, overrides, isolates and marks: dropped, so a cue cannot display
-# its words in another order than the one stored (the "Trojan Source" trick).
-_BIDI_CONTROLS = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-_SURROGATES = re.compile("[\ud800-\udfff]")
-_SPACES = re.compile(" {2,}")
-# A timing arrow: two hyphens or more, then ">". One hyphen stays, so "-->" never re-forms.
-_ARROWS = re.compile("-{2,}>")
-# What a cue whose text is empty shows: a cue with no text line is a blank line, which ends
-# the block early in many parsers, so each segment keeps one visible cue.
-EMPTY_CUE = "\u2026"
-
-
-def one_line(text: Any) -> str:
-    """`text` as one line of plain text: no line breaks, controls, bidi controls or `-->`.
-
-    Breaks and controls become single spaces, runs of spaces one space, and the ends are
-    trimmed; the result may be empty.
-    """
-    line = str(text) if text is not None else ""
-    line = _BIDI_CONTROLS.sub("", line)
-    line = _SURROGATES.sub("\ufffd", line)  # unencodable as UTF-8: a replacement character
-    line = _BREAKS_AND_CONTROLS.sub(" ", line)
-    line = _ARROWS.sub("->", line)
-    return _SPACES.sub(" ", line).strip()
-
-
-def cue_text(text: Any) -> str:
-    """A segment's text as the single text line of one subtitle cue (`EMPTY_CUE` if empty).
-
-    The text part of any cue, in `srt` and `vtt` alike; a writer that adds a prefix (a
-    speaker's name) wraps it, and WebVTT escapes it (`vtt_escape`).
-    """
-    return one_line(text) or EMPTY_CUE
 
 
 def vtt_escape(text: str) -> str:
@@ -84,15 +48,8 @@ def vtt_escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def _seconds(value: Any) -> float:
-    """A stored time as a finite number of seconds in range (a bad stored row reads as 0)."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        return 0.0
-    return min(max(float(value), 0.0), MAX_SECONDS)
-
-
-def _clock(seconds: Any, separator: str) -> str:
-    millis = round(_seconds(seconds) * 1000)
+def _clock(value: Any, separator: str) -> str:
+    millis = round(seconds(value) * 1000)
     hours, millis = divmod(millis, 3_600_000)
     minutes, millis = divmod(millis, 60_000)
     secs, millis = divmod(millis, 1000)
@@ -103,10 +60,7 @@ def _segments(transcript: dict[str, Any]) -> list[dict[str, Any]]:
     return [s for s in transcript.get("segments", []) if isinstance(s, dict)]
 
 
-def _speaker(item: dict[str, Any]) -> str | None:
-    """A segment's or word's speaker label, or None (not diarized, or a bad stored value)."""
-    speaker = item.get("speaker")
-    return speaker if isinstance(speaker, str) and _SPEAKER.fullmatch(speaker) else None
+_speaker = speaker_of
 
 
 def _prefixed(seg: dict[str, Any], text: str) -> str:
@@ -115,29 +69,38 @@ def _prefixed(seg: dict[str, Any], text: str) -> str:
     return f"{speaker}: {text}" if speaker else text
 
 
-def _voiced(seg: dict[str, Any], text: str) -> str:
-    """A WebVTT voice span `<v SPEAKER_00>text` for a diarized segment; the text otherwise."""
-    speaker = _speaker(seg)
-    return f"<v {speaker}>{text}" if speaker else text
-
-
-def to_srt(transcript: dict[str, Any]) -> str:
-    """One SRT cue per segment, numbered from 1."""
+def to_srt(transcript: dict[str, Any], options: CueOptions | None = None) -> str:
+    """The transcript's cues (app/jobs/cues.py) as SRT, numbered from 1; a diarized cue's
+    first line starts with its speaker's label."""
     blocks = []
-    for index, seg in enumerate(_segments(transcript), start=1):
-        start, end = _clock(seg.get("start"), ","), _clock(seg.get("end"), ",")
-        blocks.append(f"{index}\n{start} --> {end}\n{_prefixed(seg, cue_text(seg.get('text')))}\n")
+    for index, cue in enumerate(build_cues(transcript, options or CueOptions()), start=1):
+        start, end = _clock(cue.start, ","), _clock(cue.end, ",")
+        text = _prefixed({"speaker": cue.speaker}, "\n".join(cue.lines))
+        blocks.append(f"{index}\n{start} --> {end}\n{text}\n")
     return "\n".join(blocks)
 
 
-def to_vtt(transcript: dict[str, Any]) -> str:
-    """One WebVTT cue per segment, without identifiers."""
+def to_vtt(transcript: dict[str, Any], options: CueOptions | None = None) -> str:
+    """The transcript's cues (app/jobs/cues.py) as WebVTT, without identifiers; a diarized
+    cue in a voice span (`<v SPEAKER_00>`)."""
     blocks = ["WEBVTT\n"]
-    for seg in _segments(transcript):
-        start, end = _clock(seg.get("start"), "."), _clock(seg.get("end"), ".")
-        text = vtt_escape(cue_text(seg.get("text")))
-        blocks.append(f"{start} --> {end}\n{_voiced(seg, text)}\n")
+    for cue in build_cues(transcript, options or CueOptions()):
+        start, end = _clock(cue.start, "."), _clock(cue.end, ".")
+        text = "\n".join(vtt_escape(line) for line in cue.lines)
+        voiced = f"<v {cue.speaker}>{text}" if cue.speaker else text
+        blocks.append(f"{start} --> {end}\n{voiced}\n")
     return "\n".join(blocks)
+
+
+def to_tsv(transcript: dict[str, Any]) -> str:
+    """`start`, `end` (integer milliseconds) and `text` per segment, tab-separated under a
+    header line, as openai-whisper writes it; the text is one line without tabs."""
+    rows = ["start\tend\ttext\n"]
+    for seg in _segments(transcript):
+        start = round(seconds(seg.get("start")) * 1000)
+        end = round(seconds(seg.get("end")) * 1000)
+        rows.append(f"{start}\t{end}\t{one_line(seg.get('text'))}\n")
+    return "".join(rows)
 
 
 def to_txt(transcript: dict[str, Any]) -> str:
@@ -203,7 +166,7 @@ def to_diarized_json(transcript: dict[str, Any]) -> dict[str, Any]:
         "duration": duration,
         "text": transcript.get("text", ""),
         "segments": segments,
-        "usage": {"type": "duration", "seconds": round(_seconds(duration))},
+        "usage": {"type": "duration", "seconds": round(seconds(duration))},
     }
 
 
@@ -238,7 +201,7 @@ def to_verbose_json(transcript: dict[str, Any], *, words: bool = True) -> dict[s
         "duration": transcript.get("duration", 0.0),
         "text": transcript.get("text", ""),
         "segments": segments,
-        "usage": {"type": "duration", "seconds": round(_seconds(transcript.get("duration")))},
+        "usage": {"type": "duration", "seconds": round(seconds(transcript.get("duration")))},
     }
     if transcript.get("language_probability") is not None:
         body["language_probability"] = transcript["language_probability"]
@@ -249,9 +212,11 @@ def to_verbose_json(transcript: dict[str, Any], *, words: bool = True) -> dict[s
     return body
 
 
-def render(transcript: dict[str, Any], fmt: str) -> tuple[str, str]:
+def render(
+    transcript: dict[str, Any], fmt: str, options: CueOptions | None = None
+) -> tuple[str, str]:
     """(body, media type) of the transcript in `fmt`: one of FORMATS, or `diarized_json` (the
-    OpenAI endpoint's)."""
+    OpenAI endpoint's); `srt` and `vtt` lay their cues out by `options` (defaults if None)."""
     if fmt == "json":
         body = json.dumps(finite_or_none(to_json(transcript)), allow_nan=False)
     elif fmt == "verbose_json":
@@ -260,9 +225,11 @@ def render(transcript: dict[str, Any], fmt: str) -> tuple[str, str]:
     elif fmt in ("txt", "text"):
         body = to_txt(transcript)
     elif fmt == "srt":
-        body = to_srt(transcript)
+        body = to_srt(transcript, options)
     elif fmt == "vtt":
-        body = to_vtt(transcript)
+        body = to_vtt(transcript, options)
+    elif fmt == "tsv":
+        body = to_tsv(transcript)
     elif fmt == "diarized_json":
         body = json.dumps(finite_or_none(to_diarized_json(transcript)), allow_nan=False)
     else:

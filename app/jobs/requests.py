@@ -47,6 +47,14 @@ from pydantic_core import ErrorDetails
 from app.config import Settings
 from app.errors import Refused
 from app.inputs import text_problem
+from app.jobs.cues import (
+    LINE_COUNT_RANGE,
+    LINE_WIDTH_RANGE,
+    MAX_LINE_COUNT,
+    MAX_LINE_WIDTH,
+    WORDS_PER_LINE_RANGE,
+    CueOptions,
+)
 from app.jobs.formats import FORMATS, TranscriptFormat
 from app.jobs.slow_work import probe_slot
 from app.languages import WHISPER_LANGUAGES, is_english_only
@@ -667,6 +675,35 @@ class JobListQuery(BaseModel):
     cursor: str | None = None
 
 
+def _cue_refusal(low: int, high: int) -> OnError:
+    return OnError(
+        lambda error: Refused(
+            "invalid_parameter", f"{error['loc'][0]} must be an integer from {low} to {high}"
+        )
+    )
+
+
+# How `srt` and `vtt` lay out their cues (app/jobs/cues.py): integers within these bounds.
+LineWidth = Annotated[
+    int,
+    Field(strict=True, ge=LINE_WIDTH_RANGE[0], le=LINE_WIDTH_RANGE[1]),
+    BeforeValidator(_int_text),
+    _cue_refusal(*LINE_WIDTH_RANGE),
+]
+LineCount = Annotated[
+    int,
+    Field(strict=True, ge=LINE_COUNT_RANGE[0], le=LINE_COUNT_RANGE[1]),
+    BeforeValidator(_int_text),
+    _cue_refusal(*LINE_COUNT_RANGE),
+]
+WordsPerLine = Annotated[
+    int | None,
+    Field(strict=True, ge=WORDS_PER_LINE_RANGE[0], le=WORDS_PER_LINE_RANGE[1]),
+    BeforeValidator(_int_text),
+    _cue_refusal(*WORDS_PER_LINE_RANGE),
+]
+
+
 class TranscriptQuery(BaseModel):
     """GET /v1/jobs/{job_id}/transcript."""
 
@@ -677,6 +714,20 @@ class TranscriptQuery(BaseModel):
             lambda error: Refused("invalid_format", f"format must be one of {', '.join(FORMATS)}")
         ),
     ] = "json"
+    # How `srt` and `vtt` lay out their cues (app/jobs/cues.py); other formats ignore them.
+    max_line_width: Annotated[
+        LineWidth, Field(description="srt, vtt: characters per cue line at most")
+    ] = MAX_LINE_WIDTH
+    max_line_count: Annotated[LineCount, Field(description="srt, vtt: lines per cue at most")] = (
+        MAX_LINE_COUNT
+    )
+    max_words_per_line: Annotated[
+        WordsPerLine, Field(description="srt, vtt: words per cue line at most (default: any)")
+    ] = None
+
+    def cue_options(self) -> CueOptions:
+        """The cue layout these options ask for."""
+        return CueOptions(self.max_line_width, self.max_line_count, self.max_words_per_line)
 
 
 class CancelQuery(BaseModel):

@@ -217,7 +217,7 @@ def cancel_job(job_id: str) -> Response:
 @jobs_bp.get("/v1/jobs/<job_id>/transcript")
 @require_api_token
 def get_transcript(job_id: str) -> Response:
-    fmt = requests.parse(requests.TranscriptQuery, request.args.to_dict()).format
+    query = requests.parse(requests.TranscriptQuery, request.args.to_dict())
     db = services().db
     job = service.get_job(db, job_id, g.owner)
     transcript = (
@@ -233,7 +233,7 @@ def get_transcript(job_id: str) -> Response:
         raise ApiError(
             409, "job_not_finished", f"job {job_id} is {job.status}; the transcript is not ready"
         )
-    body, media_type = render(transcript, fmt)
+    body, media_type = render(transcript, query.format, query.cue_options())
     return Response(body, mimetype=media_type.split(";")[0], content_type=media_type)
 
 
