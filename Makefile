@@ -92,12 +92,19 @@ lint: install
 	$(VENV)/bin/mypy
 
 ## flower: Celery's web UI on $(FLOWER_ADDRESS):$(FLOWER_PORT), basic auth from
-## MURMUR_FLOWER_AUTH (user:password); keep it on a loopback address (its /metrics is open)
+## MURMUR_FLOWER_AUTH (user:password); keep it on a loopback address (its /metrics is open).
+## On the running `make up` stack's Redis (var/stack.env) unless MURMUR_REDIS_URL names one;
+## workers offline for FLOWER_PURGE_OFFLINE seconds leave its list (ephemeral workers would
+## pile up there otherwise)
 FLOWER_ADDRESS ?= 127.0.0.1
 FLOWER_PORT    ?= 5555
+FLOWER_PURGE_OFFLINE ?= 600
 flower: install
 	@test -n "$$MURMUR_FLOWER_AUTH" || { echo "set MURMUR_FLOWER_AUTH=user:password" >&2; exit 1; }
-	FLOWER_BASIC_AUTH="$$MURMUR_FLOWER_AUTH" $(VENV)/bin/celery -A tasks flower --address=$(FLOWER_ADDRESS) --port=$(FLOWER_PORT)
+	@test -n "$$MURMUR_REDIS_URL" -o -f var/stack.env || { echo "no Redis to watch: start make up first, or set MURMUR_REDIS_URL" >&2; exit 1; }
+	@set -a; [ -n "$$MURMUR_REDIS_URL" ] || . var/stack.env; set +a; \
+	  FLOWER_BASIC_AUTH="$$MURMUR_FLOWER_AUTH" FLOWER_PURGE_OFFLINE_WORKERS=$(FLOWER_PURGE_OFFLINE) \
+	  exec $(VENV)/bin/celery -A tasks flower --address=$(FLOWER_ADDRESS) --port=$(FLOWER_PORT)
 
 bench: install
 	$(PY) bench/pipeline_overhead.py

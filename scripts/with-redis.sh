@@ -4,8 +4,9 @@
 # The stack never writes into a Redis it did not start unless the operator names one: with
 # MURMUR_REDIS_URL (or MURMUR_REDIS_URL_FILE, MURMUR_REDIS_SENTINELS, or a redis_url in the
 # MURMUR_CONFIG file) that Redis is used; otherwise a private redis-server is started on a free
-# loopback port, its files under var/redis/, MURMUR_REDIS_URL is set to it for the command,
-# and it is stopped when the command ends. Another application's Redis on 6379 (another
+# loopback port, its files under var/redis/, MURMUR_REDIS_URL is set to it for the command
+# (and written to var/stack.env for the tools run beside it: make flower, murmur fleet), and
+# it is stopped when the command ends. Another application's Redis on 6379 (another
 # Celery app, a cache) is left alone: its FLUSHDB cannot wipe Murmur's queues, and Murmur's
 # keys never mix with its own. Debian's redis-server is installed when missing.
 set -euo pipefail
@@ -32,7 +33,9 @@ need_redis_server() {
 }
 
 pidfile=""
+stack_env=""
 stop_redis() {
+  [ -z "$stack_env" ] || rm -f "$stack_env"
   if [ -n "$pidfile" ] && [ -f "$pidfile" ]; then
     local pid; pid="$(cat "$pidfile")"
     kill "$pid" 2>/dev/null || true
@@ -76,6 +79,10 @@ else
   done
   [ -n "$started" ] || { echo "redis-server did not start; see $var/redis/" >&2; exit 1; }
   export MURMUR_REDIS_URL="redis://127.0.0.1:$port/0"
+  # For the tools run beside the stack (make flower, murmur fleet): where its Redis is, while
+  # it runs. Owner-only, like the rest of var/.
+  stack_env="$var/stack.env"
+  (umask 077; echo "MURMUR_REDIS_URL=$MURMUR_REDIS_URL" > "$stack_env")
   echo "started a private Redis on 127.0.0.1:$port, files in $var/redis/ (stopped when this ends)"
   if ping "$shared"; then
     echo "  (the Redis at $(host_port "$shared") is left alone; MURMUR_REDIS_URL=$shared uses it instead)"

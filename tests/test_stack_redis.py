@@ -107,8 +107,10 @@ def test_without_a_named_redis_the_command_gets_a_private_one(
     tmp_path: Path, shared_redis: StandIn
 ) -> None:
     env = stack_env(tmp_path, shared_redis)
+    # Also what the tools beside the stack read (make flower, murmur fleet) while it runs.
+    show_env = "; print('env', open(os.environ['MURMUR_STACK_VAR'] + '/stack.env').read())"
     run = subprocess.run(
-        [WITH_REDIS, sys.executable, "-c", _PROBE],
+        [WITH_REDIS, sys.executable, "-c", _PROBE + show_env],
         env=env,
         cwd=ROOT,
         capture_output=True,
@@ -121,6 +123,8 @@ def test_without_a_named_redis_the_command_gets_a_private_one(
     private = f"redis://127.0.0.1:{started[1]}/0"
     assert private != shared_redis.url
     assert f"url {private}" in run.stdout
+    assert f"env MURMUR_REDIS_URL={private}\n" in run.stdout
+    assert not (tmp_path / "var" / "stack.env").exists()
     assert f"the Redis at {shared_redis.url.split('//')[1].split('/')[0]} is left alone" in (
         run.stdout
     )
