@@ -49,10 +49,10 @@ trap stop_redis EXIT
 start_redis() {
   local port="$1" dir="$var/redis"
   mkdir -p "$dir"; chmod 700 "$var" "$dir" 2>/dev/null || true
-  pidfile="$dir/redis-$port.pid"
+  pidfile="$dir/redis-$port.pid"  # per port: two stacks in one checkout keep theirs
   redis-server --bind 127.0.0.1 --port "$port" --daemonize yes --save "" --appendonly no \
     --maxmemory-policy noeviction --dir "$dir" --pidfile "$pidfile" \
-    --logfile "$dir/redis-$port.log" || return 1
+    --logfile "$dir/redis.log" || return 1
   for _ in $(seq 50); do ping "redis://127.0.0.1:$port/0" && return 0; sleep 0.1; done
   return 1
 }
@@ -66,7 +66,7 @@ if [ -n "$named" ]; then
     hp="$(host_port "$url")"; host="${hp%:*}"; port="${hp##*:}"
     case "$host" in 127.0.0.1|localhost) ;; *) echo "no Redis answers at $hp (MURMUR_REDIS_URL)" >&2; exit 1;; esac
     need_redis_server
-    start_redis "$port" || { echo "redis-server did not start on $hp; see $var/redis/redis-$port.log" >&2; exit 1; }
+    start_redis "$port" || { echo "redis-server did not start on $hp; see $var/redis/redis.log" >&2; exit 1; }
     echo "started a Redis on $hp, where MURMUR_REDIS_URL names one (stopped when this ends)"
   fi
 else
@@ -77,7 +77,7 @@ else
     if start_redis "$port"; then started=1; break; fi
     stop_redis; pidfile=""
   done
-  [ -n "$started" ] || { echo "redis-server did not start; see $var/redis/" >&2; exit 1; }
+  [ -n "$started" ] || { echo "redis-server did not start; see $var/redis/redis.log" >&2; exit 1; }
   export MURMUR_REDIS_URL="redis://127.0.0.1:$port/0"
   # For the tools run beside the stack (make flower, murmur fleet): where its Redis is, while
   # it runs. Owner-only, like the rest of var/.
