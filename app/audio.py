@@ -91,7 +91,7 @@ def _measure(
                 raise Refused(
                     "audio_too_long",
                     f"the audio lasts more than {max_seconds:.0f} s; the limit is "
-                    f"{max_seconds:.0f} s",
+                    f"{max_seconds:.0f} s (the setting api.max_audio_seconds)",
                 )
         if not length.frames:
             raise UndecodableAudio("no audio decoded")

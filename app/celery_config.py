@@ -57,6 +57,12 @@ CONTROL_TASKS = (
     SWEEP_RETENTION,
     SWEEP_FETCHES,
 )
+# Beat's housekeeping, sent every few seconds: its workers send no task events for it, and
+# beat sends no task-sent events (tasks/celery_app.py), so Flower's task list and the
+# exporter's task counters hold the work an operator follows (jobs' transcriptions, URL
+# fetches, webhook deliveries), not hundreds of reconcile and sweep runs. The reconcile's
+# health is Murmur's own metric (murmur_fleet_reconcile_age_seconds, /readyz).
+HOUSEKEEPING = (RECONCILE, SWEEP_WEBHOOKS, SWEEP_RETENTION, SWEEP_FETCHES)
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
@@ -77,6 +83,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "worker_prefetch_multiplier": 1,
         "worker_send_task_events": True,
         "task_send_sent_event": True,
+        "task_annotations": {task.name: {"send_events": False} for task in HOUSEKEEPING},
         "worker_cancel_long_running_tasks_on_connection_loss": True,
         # The control worker takes no remote control (shutdown, revoke, pool changes): GPU
         # workers share its broker. Flower and `celery inspect` get no answer from it; its

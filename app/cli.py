@@ -1,20 +1,23 @@
-"""The `murmur` command: run the API, migrate, validate config, submit audio, list jobs."""
+"""The `murmur` command: run the API, migrate, validate config; and as the API's client, submit
+audio (files and URLs), wait for, fetch, cancel and purge jobs, list jobs and models.
+
+Shell completion is Click's: `eval "$(_MURMUR_COMPLETE=bash_source murmur)"` (zsh_source,
+fish_source for those shells); JOB arguments complete to your recent job ids."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import sys
 import time
-import uuid
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import click
-import requests
+from click.shell_completion import CompletionItem
 from tqdm import tqdm
 
+from app.cli_client import ApiClient, CliError, MultipartUpload
 from app.cli_errors import one_line_errors
 from app.config import (
     ROLES,
@@ -25,9 +28,8 @@ from app.config import (
     load_settings,
     storage_problems,
 )
+from app.jobs.formats import FORMATS
 from app.models import FINISHED_STATES, JobStatus
-
-DEFAULT_URL = "http://127.0.0.1:8000"
 
 
 @click.group()
@@ -131,80 +133,160 @@ def api(workers: int, threads: int) -> None:
     os.execvp(args[0], args)  # noqa: S606 (replace this process with gunicorn)
 
 
-def _client() -> tuple[str, dict[str, str]]:
-    url = os.environ.get("MURMUR_URL", DEFAULT_URL).rstrip("/")
-    token = os.environ.get("MURMUR_API_TOKEN", "").split(",")[0].strip()
-    if not token:
-        raise click.ClickException("set MURMUR_API_TOKEN to one of the API's tokens")
-    return url, {"Authorization": f"Bearer {token}"}
+# The client commands: what the API does, from a shell (app/cli_client.py: address, token,
+# errors). Every option maps to one field of POST /v1/jobs (docs/api.md).
 
 
-def _fail_on_error(response: requests.Response) -> Any:
+def _complete_job_ids(
+    ctx: click.Context, param: click.Parameter, incomplete: str
+) -> list[CompletionItem]:
+    """Shell completion of a JOB argument: the caller's recent job ids (nothing if the API
+    does not answer within 2 s, or no token is set)."""
     try:
-        body = response.json()
-    except ValueError:
-        body = None
-    if response.status_code >= 400:
-        if isinstance(body, dict) and "error" in body:
-            err = body["error"]
-            raise click.ClickException(f"{response.status_code} {err['code']}: {err['message']}")
-        raise click.ClickException(f"HTTP {response.status_code}")
-    return body
+        client = ApiClient.from_env()
+        page = client.json("GET", "/v1/jobs", params={"limit": 50}, timeout=(2, 2))
+    except click.ClickException:
+        return []
+    return [
+        CompletionItem(job["id"], help=f"{job['status']} {job.get('filename') or ''}".strip())
+        for job in page.get("data", [])
+        if str(job.get("id", "")).startswith(incomplete)
+    ]
 
 
-class _MultipartUpload:
-    """A multipart body read from disk lazily, with a known length and a progress bar.
+def _progress_bar(progress: bool | None, **kwargs: Any) -> tqdm:
+    return tqdm(file=sys.stderr, disable=None if progress is None else not progress, **kwargs)
 
-    Deliberately not an io class: requests would probe tell() and fall back to chunked encoding.
-    """
 
-    def __init__(self, path: Path, fields: dict[str, str], bar: tqdm) -> None:
-        self.boundary = uuid.uuid4().hex
-        head = b""
-        for name, value in fields.items():
-            head += (
-                f'--{self.boundary}\r\nContent-Disposition: form-data; name="{name}"'
-                f"\r\n\r\n{value}\r\n"
-            ).encode()
-        head += (
-            f'--{self.boundary}\r\nContent-Disposition: form-data; name="file"; '
-            f'filename="{path.name}"\r\nContent-Type: application/octet-stream\r\n\r\n'
-        ).encode()
-        self._parts: list[IO[bytes]] = [
-            io.BytesIO(head),
-            path.open("rb"),
-            io.BytesIO(f"\r\n--{self.boundary}--\r\n".encode()),
-        ]
-        self._length = len(head) + path.stat().st_size + len(self._parts[2].getvalue())  # type: ignore[attr-defined]
-        self._bar = bar
+def _job_fields(options: dict[str, Any]) -> dict[str, Any]:
+    """The job's fields the options set (None: left to the API's default)."""
+    fields = {name: value for name, value in options.items() if value is not None}
+    for flag in ("diarize", "word_timestamps"):
+        if not fields.get(flag):
+            fields.pop(flag, None)
+    return fields
 
-    def __len__(self) -> int:
-        return self._length
 
-    def read(self, size: int = -1) -> bytes:
-        out = b""
-        while self._parts and (size < 0 or len(out) < size):
-            chunk = self._parts[0].read(-1 if size < 0 else size - len(out))
-            if not chunk:
-                self._parts.pop(0).close()
-                continue
-            out += chunk
-        self._bar.update(len(out))
-        return out
+def _create_job(
+    client: ApiClient,
+    source: str,
+    fields: dict[str, Any],
+    idempotency_key: str | None,
+    progress: bool | None,
+) -> dict[str, Any]:
+    """POST /v1/jobs: a URL as JSON, a file as a streamed multipart upload; the job."""
+    headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+    if source.startswith(("http://", "https://")):
+        job: dict[str, Any] = client.json(
+            "POST", "/v1/jobs", json={"url": source, **fields}, headers=headers
+        )
+        return job
+    path = Path(source)
+    if not path.is_file():
+        raise CliError(f"{source}: no such file (give a file, or an http:// or https:// URL)")
+    form = {name: ("true" if value is True else str(value)) for name, value in fields.items()}
+    total = path.stat().st_size
+    with _progress_bar(progress, total=total, unit="B", unit_scale=True, desc="upload") as bar:
+        body = MultipartUpload(path, form, bar.update)
+        try:
+            job = client.json(
+                "POST",
+                "/v1/jobs",
+                data=body,
+                headers={
+                    **headers,
+                    "Content-Type": body.content_type,
+                    "Content-Length": str(len(body)),
+                },
+            )
+        finally:
+            body.close()
+    return job
+
+
+def _wait(client: ApiClient, job_id: str, timeout: float, progress: bool | None) -> dict[str, Any]:
+    """Poll the job until it ends (bounded by `timeout` seconds); the ended job."""
+    deadline = time.monotonic() + timeout
+    with _progress_bar(progress, desc=f"{job_id} queued", bar_format="{desc} {elapsed}") as bar:
+        while True:
+            job: dict[str, Any] = client.json("GET", f"/v1/jobs/{job_id}", timeout=(5, 30))
+            bar.set_description_str(f"{job_id} {job['status']}")
+            bar.update(0)
+            if job["status"] in FINISHED_STATES:
+                return job
+            if time.monotonic() > deadline:
+                raise CliError(
+                    f"job {job_id} still {job['status']} after {timeout:g} s; it goes on: "
+                    f"murmur transcript {job_id} once it has succeeded"
+                )
+            time.sleep(0.25)
+
+
+def _print_transcript(client: ApiClient, job_id: str, fmt: str) -> None:
+    response = client.request(
+        "GET", f"/v1/jobs/{job_id}/transcript", params={"format": fmt}, timeout=(5, 60)
+    )
+    click.echo(response.text.rstrip("\n"))
+
+
+def _after_submit(
+    client: ApiClient,
+    job: dict[str, Any],
+    *,
+    wait: bool,
+    fmt: str,
+    timeout: float,
+    progress: bool | None,
+) -> None:
+    """What `submit` shows once the job exists: the job itself, or with --wait its transcript.
+    (Another way of following the job, such as its event stream, goes here.)"""
+    if not wait:
+        click.echo(json.dumps(job, indent=2))
+        return
+    job = _wait(client, job["id"], timeout, progress)
+    if job["status"] != JobStatus.SUCCEEDED:
+        err = job.get("error") or {}
+        raise CliError(f"job {job['id']} {job['status']}: {err.get('message', 'no transcript')}")
+    _print_transcript(client, job["id"], fmt)
+
+
+_FORMAT = click.Choice([f for f in FORMATS if f != "text"])
 
 
 @main.command("submit")
-@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("source", type=click.Path(dir_okay=False, allow_dash=False))
 @click.option("--wait", is_flag=True, help="Wait for the transcript and print it.")
 @click.option(
     "--format",
     "fmt",
     default="txt",
     show_default=True,
-    type=click.Choice(["json", "verbose_json", "txt", "srt", "vtt", "tsv"]),
+    type=_FORMAT,
+    help="The transcript's format with --wait.",
 )
-@click.option("--language", default=None, help="ISO 639-1 code, e.g. en.")
-@click.option("--words", is_flag=True, help="Ask for word timestamps.")
+@click.option(
+    "--task",
+    type=click.Choice(["transcribe", "translate"]),
+    default=None,
+    help="translate: an English transcript of speech in any language (default: transcribe).",
+)
+@click.option("--language", default=None, help="ISO 639-1 code, e.g. en (default: detected).")
+@click.option(
+    "--model",
+    default=None,
+    help="A model `murmur models` lists (default: the first profile's that can).",
+)
+@click.option("--diarize", is_flag=True, help="Name the speakers (a profile that diarizes).")
+@click.option("--min-speakers", type=click.IntRange(1), default=None, help="With --diarize.")
+@click.option("--max-speakers", type=click.IntRange(1), default=None, help="With --diarize.")
+@click.option(
+    "--prompt", default=None, help="Text that precedes the audio: names, spellings, style."
+)
+@click.option("--words", "word_timestamps", is_flag=True, help="Ask for word timestamps.")
+@click.option("--webhook-url", default=None, help="POSTed the job's summary when it ends.")
+@click.option(
+    "--idempotency-key", default=None, help="A retry with the same key gets the same job."
+)
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds to wait with --wait.")
 @click.option(
     "--progress/--no-progress",
@@ -213,100 +295,106 @@ class _MultipartUpload:
 )
 @one_line_errors
 def submit(
-    file: Path,
+    source: str,
     wait: bool,
     fmt: str,
-    language: str | None,
-    words: bool,
+    idempotency_key: str | None,
     timeout: float,
     progress: bool | None,
+    **options: Any,
 ) -> None:
-    """Upload FILE as a transcription job (and with --wait, print its transcript)."""
-    url, headers = _client()
-    fields = {"word_timestamps": "true" if words else "false"}
-    if language:
-        fields["language"] = language
-    with tqdm(
-        total=file.stat().st_size,
-        unit="B",
-        unit_scale=True,
-        desc="upload",
-        file=sys.stderr,
-        disable=None if progress is None else not progress,
-    ) as bar:
-        body = _MultipartUpload(file, fields, bar)
-        response = requests.post(
-            f"{url}/v1/jobs",
-            data=body,
-            timeout=(5, 600),
-            headers={
-                **headers,
-                "Content-Type": f"multipart/form-data; boundary={body.boundary}",
-                "Content-Length": str(len(body)),
-            },
-        )
-    job = _fail_on_error(response)
-    if not wait:
-        click.echo(json.dumps(job, indent=2))
-        return
-    job = _wait(url, headers, job["id"], timeout, progress)
-    if job["status"] != JobStatus.SUCCEEDED:
-        err = job.get("error") or {}
-        raise click.ClickException(
-            f"job {job['id']} {job['status']}: {err.get('message', 'no transcript')}"
-        )
-    response = requests.get(
-        f"{url}/v1/jobs/{job['id']}/transcript", params={"format": fmt}, headers=headers, timeout=30
-    )
-    if response.status_code >= 400:
-        _fail_on_error(response)
-    click.echo(response.text.rstrip("\n"))
+    """Submit SOURCE, a file or an http(s) URL, as a job (and with --wait, print its transcript).
+
+    Without --wait it prints the job as JSON; `murmur transcript JOB` fetches the transcript
+    later."""
+    client = ApiClient.from_env()
+    job = _create_job(client, source, _job_fields(options), idempotency_key, progress)
+    _after_submit(client, job, wait=wait, fmt=fmt, timeout=timeout, progress=progress)
 
 
-def _wait(
-    url: str, headers: dict[str, str], job_id: str, timeout: float, progress: bool | None
-) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    with tqdm(
-        desc=f"{job_id} queued",
-        bar_format="{desc} {elapsed}",
-        file=sys.stderr,
-        disable=None if progress is None else not progress,
-    ) as bar:
-        while True:
-            job: dict[str, Any] = _fail_on_error(
-                requests.get(f"{url}/v1/jobs/{job_id}", headers=headers, timeout=30)
-            )
-            bar.set_description_str(f"{job_id} {job['status']}")
-            bar.update(0)
-            if job["status"] in FINISHED_STATES:
-                return job
-            if time.monotonic() > deadline:
-                raise click.ClickException(f"job {job_id} still {job['status']} after {timeout} s")
-            time.sleep(0.25)
+@main.command("transcript")
+@click.argument("job_id", metavar="JOB", shell_complete=_complete_job_ids)
+@click.option("--format", "fmt", default="txt", show_default=True, type=_FORMAT)
+@one_line_errors
+def transcript(job_id: str, fmt: str) -> None:
+    """Print the transcript of JOB (a job that succeeded)."""
+    _print_transcript(ApiClient.from_env(), job_id, fmt)
+
+
+@main.command("show")
+@click.argument("job_id", metavar="JOB", shell_complete=_complete_job_ids)
+@one_line_errors
+def show(job_id: str) -> None:
+    """Print JOB as JSON (its status, options, timings, error; its text once it succeeded)."""
+    click.echo(json.dumps(ApiClient.from_env().json("GET", f"/v1/jobs/{job_id}"), indent=2))
+
+
+@main.command("cancel")
+@click.argument("job_id", metavar="JOB", shell_complete=_complete_job_ids)
+@one_line_errors
+def cancel(job_id: str) -> None:
+    """Cancel JOB if it has not ended (a running one stops within seconds)."""
+    job = ApiClient.from_env().json("DELETE", f"/v1/jobs/{job_id}")
+    click.echo(f"{job['id']} {job['status']}")
+
+
+@main.command("purge")
+@click.argument("job_id", metavar="JOB", shell_complete=_complete_job_ids)
+@one_line_errors
+def purge(job_id: str) -> None:
+    """Remove an ended JOB for good: its audio, its transcript and the job itself."""
+    ApiClient.from_env().request("DELETE", f"/v1/jobs/{job_id}", params={"purge": "true"})
+    click.echo(f"{job_id} purged")
+
+
+@main.command("models")
+@one_line_errors
+def models() -> None:
+    """List the models the API serves (what --model takes)."""
+    for model in ApiClient.from_env().json("GET", "/v1/models")["data"]:
+        click.echo(model["id"])
 
 
 @main.command("jobs")
-@click.option("--status", default=None, help="Only jobs in this state.")
-@click.option("--limit", default=20, show_default=True)
+@click.option(
+    "--status",
+    type=click.Choice([s.value for s in JobStatus]),
+    default=None,
+    help="Only jobs in this state.",
+)
+@click.option("--limit", type=click.IntRange(1, 100), default=20, show_default=True)
+@click.option("--cursor", default=None, help="The next page (printed under a full page).")
 @one_line_errors
-def jobs(status: str | None, limit: int) -> None:
-    """List your most recent jobs."""
-    url, headers = _client()
+def jobs(status: str | None, limit: int, cursor: str | None) -> None:
+    """List your most recent jobs, newest first, with the start of each transcript."""
+    client = ApiClient.from_env()
     params: dict[str, Any] = {"limit": limit}
     if status:
         params["status"] = status
-    page = _fail_on_error(
-        requests.get(f"{url}/v1/jobs", params=params, headers=headers, timeout=30)
-    )
+    if cursor:
+        params["cursor"] = cursor
+    page = client.json("GET", "/v1/jobs", params=params)
     click.echo(f"{'id':<37} {'status':<10} {'duration':>8}  {'created':<20} text")
     for job in page["data"]:
         duration = f"{job['duration_seconds']:.1f}s" if job["duration_seconds"] else "-"
-        text = (job.get("text") or "")[:40]
         click.echo(
             f"{job['id']:<37} {job['status']:<10} {duration:>8}  "
-            f"{(job['created_at'] or '')[:19]:<20} {text}"
+            f"{(job['created_at'] or '')[:19]:<20} {_text_start(client, job)}"
         )
+    if page.get("next_cursor"):
+        click.echo(f"more: murmur jobs --cursor {page['next_cursor']}", err=True)
+
+
+def _text_start(client: ApiClient, job: dict[str, Any], width: int = 40) -> str:
+    """The first `width` characters of a succeeded job's text, on one line. A listing leaves
+    the text out (a page of long transcripts would be megabytes): read from the job itself."""
+    if job["status"] != JobStatus.SUCCEEDED:
+        return ""
+    text = job.get("text")
+    if text is None:
+        text = client.json("GET", f"/v1/jobs/{job['id']}", timeout=(5, 30)).get("text") or ""
+    line = " ".join(str(text).split())
+    return line if len(line) <= width else line[: width - 1] + "\u2026"
 
 
 def _register_domain_commands() -> None:
@@ -318,4 +406,6 @@ def _register_domain_commands() -> None:
 
 _register_domain_commands()
 if __name__ == "__main__":
-    main()
+    # `python -m app.cli` answers to the installed command's name, so its shell completion
+    # variable is the same: _MURMUR_COMPLETE.
+    main(prog_name="murmur")

@@ -706,6 +706,77 @@ def _worker_python_problem(profile: Profile) -> str | None:
     return None
 
 
+def _server_type_problems(p: Profile) -> list[str]:
+    """A profile's server type: known, single-GPU, able to run its compute type and
+    alignment, offered in its zone, and of its provider."""
+    stype = SERVER_TYPES.get(p.server_type)
+    if stype is None:
+        return [
+            f"server_type: unknown server type {p.server_type!r} "
+            f"(known: {', '.join(sorted(SERVER_TYPES))})"
+        ]
+    problems = []
+    if stype.gpu_count > 1:
+        problems.append(
+            f"server_type: {p.server_type} has {stype.gpu_count} GPUs; "
+            "multi-GPU types are not allowed until one worker can use each GPU"
+        )
+    if p.compute_type not in supported_compute_types(stype.cuda_capability):
+        device = (
+            f"{stype.gpu} (CUDA capability {stype.cuda_capability[0]}.{stype.cuda_capability[1]})"
+            if stype.cuda_capability
+            else "the CPU"
+        )
+        problems.append(
+            f"compute_type: {p.compute_type} cannot run on {device}; "
+            f"allowed: {', '.join(sorted(supported_compute_types(stype.cuda_capability)))}"
+        )
+    if stype.zones and p.zone not in stype.zones:
+        problems.append(
+            f"zone: {p.server_type} is not offered in {p.zone} "
+            f"(offered in {', '.join(sorted(stype.zones))})"
+        )
+    if not alignment_fits(stype.device, p.alignment_device):
+        problems.append("alignment_device: cuda on a CPU-only server type")
+    if (p.provider == "local") != (stype.gpu is None):
+        problems.append(f"server_type: {p.server_type} does not belong to provider {p.provider}")
+    return problems
+
+
+def _scaleway_profile_problems(p: Profile, settings: Settings) -> list[str]:
+    """What a scaleway profile needs besides a server type: images, cost, security group."""
+    if p.provider != "scaleway":
+        return []
+    problems = []
+    if not p.image:
+        problems.append("image: required for the scaleway provider")
+    if not p.worker_image:
+        problems.append(
+            "worker_image: required for the scaleway provider "
+            "(the worker container, name@sha256:<64 hex>)"
+        )
+    elif (image_problem := worker_image_problem(p.worker_image)) is not None:
+        problems.append(f"worker_image: {image_problem}")
+    if p.hourly_cost_eur <= 0:
+        # The budget bounds cost with this figure: a free-looking GPU would escape it.
+        problems.append(
+            "hourly_cost_eur: required for the scaleway provider (the budget counts it)"
+        )
+    sg = settings.security_groups.get(p.security_group)
+    if not p.security_group:
+        problems.append("security_group: required for the scaleway provider")
+    elif sg is None:
+        problems.append(
+            f"security_group: {p.security_group!r} is not declared in [security_groups]"
+        )
+    elif sg.zone != p.zone:
+        problems.append(
+            f"security_group: {p.security_group!r} lives in zone {sg.zone}, "
+            f"not in the profile's zone {p.zone}"
+        )
+    return problems
+
+
 def check_settings(settings: Settings, *, role: str = "control") -> list[str]:
     """Every problem that stops this configuration from running safely (empty = fine)."""
     if role not in ROLES:
@@ -714,73 +785,11 @@ def check_settings(settings: Settings, *, role: str = "control") -> list[str]:
     if not settings.enabled_profiles:
         problems.append("profiles: no enabled profile: jobs would have nowhere to run")
     for p in settings.profiles:
-        where = f"profiles.{p.name}"
-        problems.extend(f"{where}.{problem}" for problem in _asset_problems(p))
+        own = _asset_problems(p)
         if (python_problem := _worker_python_problem(p)) is not None:
-            problems.append(f"{where}.{python_problem}")
-        stype = SERVER_TYPES.get(p.server_type)
-        if stype is None:
-            problems.append(
-                f"{where}.server_type: unknown server type {p.server_type!r} "
-                f"(known: {', '.join(sorted(SERVER_TYPES))})"
-            )
-        else:
-            if stype.gpu_count > 1:
-                problems.append(
-                    f"{where}.server_type: {p.server_type} has {stype.gpu_count} GPUs; "
-                    "multi-GPU types are not allowed until one worker can use each GPU"
-                )
-            if p.compute_type not in supported_compute_types(stype.cuda_capability):
-                device = (
-                    f"{stype.gpu} (CUDA capability {stype.cuda_capability[0]}."
-                    f"{stype.cuda_capability[1]})"
-                    if stype.cuda_capability
-                    else "the CPU"
-                )
-                problems.append(
-                    f"{where}.compute_type: {p.compute_type} cannot run on {device}; "
-                    f"allowed: {', '.join(sorted(supported_compute_types(stype.cuda_capability)))}"
-                )
-            if stype.zones and p.zone not in stype.zones:
-                problems.append(
-                    f"{where}.zone: {p.server_type} is not offered in {p.zone} "
-                    f"(offered in {', '.join(sorted(stype.zones))})"
-                )
-            if not alignment_fits(stype.device, p.alignment_device):
-                problems.append(f"{where}.alignment_device: cuda on a CPU-only server type")
-            if (p.provider == "local") != (stype.gpu is None):
-                problems.append(
-                    f"{where}.server_type: {p.server_type} does not belong to provider {p.provider}"
-                )
-        if p.provider == "scaleway":
-            if not p.image:
-                problems.append(f"{where}.image: required for the scaleway provider")
-            if not p.worker_image:
-                problems.append(
-                    f"{where}.worker_image: required for the scaleway provider "
-                    "(the worker container, name@sha256:<64 hex>)"
-                )
-            elif (image_problem := worker_image_problem(p.worker_image)) is not None:
-                problems.append(f"{where}.worker_image: {image_problem}")
-            if p.hourly_cost_eur <= 0:
-                # The budget bounds cost with this figure: a free-looking GPU would escape it.
-                problems.append(
-                    f"{where}.hourly_cost_eur: required for the scaleway provider "
-                    "(the budget counts it)"
-                )
-            sg = settings.security_groups.get(p.security_group)
-            if not p.security_group:
-                problems.append(f"{where}.security_group: required for the scaleway provider")
-            elif sg is None:
-                problems.append(
-                    f"{where}.security_group: {p.security_group!r} is not declared "
-                    "in [security_groups]"
-                )
-            elif sg.zone != p.zone:
-                problems.append(
-                    f"{where}.security_group: {p.security_group!r} lives in zone {sg.zone}, "
-                    f"not in the profile's zone {p.zone}"
-                )
+            own.append(python_problem)
+        own += _server_type_problems(p) + _scaleway_profile_problems(p, settings)
+        problems.extend(f"profiles.{p.name}.{problem}" for problem in own)
     if role in _CONTROL_PLANE_ROLES:
         problems += credential_problems(settings)
         problems += storage_problems(settings)

@@ -224,7 +224,11 @@ def _too_large(app: Flask) -> tuple[str, str]:
             f"the multipart form has more than {parts} parts or a text field larger than "
             f"{field} bytes; send the audio as one 'file' part and short fields",
         )
-    return "payload_too_large", f"the request body is larger than the limit of {limit} bytes"
+    return (
+        "payload_too_large",
+        f"the request body is larger than the limit of {limit} bytes (the setting "
+        "api.max_upload_bytes, MURMUR_MAX_UPLOAD_BYTES, plus room for the form's fields)",
+    )
 
 
 def _caused_by_slow_body(err: BaseException) -> bool:

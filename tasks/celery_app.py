@@ -55,3 +55,6 @@ def _check_worker_settings(sender: Any = None, instance: Any = None, **kwargs: A
 def _check_beat_settings(sender: Any = None, **kwargs: Any) -> None:
     if getattr(sender, "app", celery_app) is celery_app:
         _refuse("beat", "beat")
+        # Beat sends only housekeeping (app.celery_config.HOUSEKEEPING), whose task events
+        # are off: its task-sent events would list every run in Flower as sent, never done.
+        celery_app.conf.task_send_sent_event = False

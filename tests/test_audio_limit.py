@@ -62,7 +62,8 @@ def test_a_header_that_understates_the_length_is_refused_and_leaves_nothing(
     assert response.get_json() == {
         "error": {
             "code": "audio_too_long",
-            "message": "the audio lasts more than 120 s; the limit is 120 s",
+            "message": "the audio lasts more than 120 s; the limit is 120 s"
+            " (the setting api.max_audio_seconds)",
         }
     }
     assert not any(p.is_file() for p in Path(settings.storage_path).rglob("*"))
@@ -178,6 +179,7 @@ def test_a_url_whose_header_understates_the_length_fails_its_job(
     assert job["status"] == "failed"
     assert job["error"] == {
         "code": "audio_too_long",
-        "message": "the audio lasts more than 120 s; the limit is 120 s",
+        "message": "the audio lasts more than 120 s; the limit is 120 s"
+        " (the setting api.max_audio_seconds)",
     }
     assert not any(p.is_file() for p in Path(settings.storage_path).rglob("*"))

@@ -35,7 +35,10 @@ def test_too_long_audio_is_413(tmp_path: Path) -> None:
     with pytest.raises(Refused) as err:
         probe_audio(FIXTURES / "speech-90s.wav", max_seconds=60)
     assert (err.value.status, err.value.code) == (413, "audio_too_long")
-    assert err.value.message == "the audio lasts more than 60 s; the limit is 60 s"
+    assert (
+        err.value.message
+        == "the audio lasts more than 60 s; the limit is 60 s (the setting api.max_audio_seconds)"
+    )
 
 
 def test_wav_bytes_in_a_text_file_are_still_audio(tmp_path: Path) -> None:

@@ -126,6 +126,8 @@ def test_flask_errors_are_json(tmp_path: Path, redis_url: str) -> None:
             "payload_too_large",
         )
         assert "body is larger" in big.get_json()["error"]["message"]
+        # The answer names the setting that raises the limit.
+        assert "api.max_upload_bytes, MURMUR_MAX_UPLOAD_BYTES" in big.get_json()["error"]["message"]
         many = client.post(
             "/v1/jobs",
             headers=auth(),

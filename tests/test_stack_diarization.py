@@ -1,4 +1,4 @@
-"""`make up` / `make demo` add a diarizing profile when the real-library venv exists.
+"""`make up` / `make demo` add a diarizing profile when the real-library venv is complete.
 
 The profile's worker runs under that venv's Python (`worker_python`); every job that does not
 ask for diarization still goes to the light default profile, a diarize job only to it. The
@@ -32,6 +32,7 @@ def venv_python(tmp_path: Path) -> Path:
     python = tmp_path / 'my "wx" venv' / "bin" / "python"
     python.parent.mkdir(parents=True)
     python.symlink_to(sys.executable)
+    (python.parent.parent / ".installed-stamp").touch()  # written last by the Makefile
     return python
 
 
@@ -47,6 +48,18 @@ def test_without_the_venv_the_stack_runs_as_before_and_says_how_to_diarize(
     assert "\n" not in line
     assert load_settings(env={**env, **SECRETS}).profiles == (LOCAL_CPU_PROFILE,)
     assert not (tmp_path / "var").exists()
+
+
+def test_a_venv_still_being_installed_offers_no_diarization(
+    tmp_path: Path, venv_python: Path
+) -> None:
+    """Its Python exists from the install's first step; the stamp only after its last."""
+    (venv_python.parent.parent / ".installed-stamp").unlink()
+    env: dict[str, str] = {}
+    line = stack.add_diarization(env, CONFIG / "local.toml", python=venv_python, var=tmp_path)
+    assert line.startswith("diarization: off (") and "is not complete: no .installed-stamp" in line
+    assert env["MURMUR_CONFIG"] == str(CONFIG / "local.toml")
+    assert load_settings(env={**env, **SECRETS}).profiles == (LOCAL_CPU_PROFILE,)
 
 
 @pytest.mark.parametrize(

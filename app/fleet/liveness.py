@@ -19,6 +19,10 @@ import redis
 
 RECONCILED_KEY = "murmur:fleet:reconciled-at"
 STARTED_KEY = "murmur:fleet:reconcile-started-at"
+# The last plan a reconcile run published (app.fleet.reconcile), read by `/v1/fleet` and
+# `/metrics`: kept here, with the other keys a reconcile writes, so both readers import it
+# from one module that imports neither of them.
+PLAN_KEY = "murmur:fleet:plan"
 
 
 def record_reconciled(r: redis.Redis, at: datetime) -> None:

@@ -23,10 +23,9 @@ import redis
 from app.fleet import broker_users
 from app.fleet.apply import Outcome, apply_plan
 from app.fleet.lease import Lease, LeaseLost
-from app.fleet.liveness import record_reconciled, record_started
+from app.fleet.liveness import PLAN_KEY, record_reconciled, record_started
 from app.fleet.planner import FleetPlan, plan_fleet
 from app.fleet.rules import fleet_rules
-from app.fleet.service import PLAN_KEY
 from app.fleet.snapshot import read_snapshot
 from app.services import Services
 

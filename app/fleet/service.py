@@ -7,6 +7,7 @@ workers from the database, queue depths and the last published plan from Redis.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -17,6 +18,7 @@ from app.config import Profile, Settings
 from app.db import Database, as_utc
 from app.fleet.boot_policy import boot_estimate
 from app.fleet.learned import Learned, compute_learned, read_learned
+from app.fleet.liveness import PLAN_KEY
 from app.fleet.plan_records import FleetRules
 from app.fleet.rules import fleet_rules
 from app.models import (
@@ -29,10 +31,10 @@ from app.models import (
     iso,
     server_gone,
 )
+from app.observability.store import last_reports
 from gpu_worker.protocol.broker import queue_name
 
-# Written by each reconcile run (app.fleet.reconcile), read here.
-PLAN_KEY = "murmur:fleet:plan"
+__all__ = ["PLAN_KEY", "fleet_overview", "queue_depths", "read_plan"]
 # Deleted workers stay listed this long, so an operator sees what just happened.
 RECENTLY_DELETED = timedelta(hours=1)
 MAX_LISTED_WORKERS = 500
@@ -84,12 +86,18 @@ def queue_depths(client: redis.Redis, names: list[str]) -> dict[str, int | None]
         return dict.fromkeys(names)
 
 
-def fleet_overview(
-    settings: Settings, db: Database, client: redis.Redis | None, now: datetime
-) -> dict[str, Any]:
-    """The fleet as `/v1/fleet` shows it. `client` None: the broker is known to be out of
-    reach, so what only Redis holds (queues, the plan, report ages) is unknown (None)."""
-    names = [p.name for p in settings.profiles]
+@dataclass(frozen=True)
+class _Rows:
+    """What the database says of the fleet: profile state, recent workers, jobs per profile."""
+
+    learned: dict[str, ProfileState]
+    workers: list[Worker]
+    jobs: dict[str, dict[str, int]]  # profile -> status -> count (dispatched and running)
+    waiting: int
+    oldest_waiting: datetime | None
+
+
+def _read_rows(db: Database, now: datetime) -> _Rows:
     with db.reader() as s:
         learned = {r.name: r for r in s.scalars(select(ProfileState))}
         workers = list(
@@ -115,9 +123,32 @@ def fleet_overview(
     jobs: dict[str, dict[str, int]] = {}
     for profile, status, count in job_rows:
         jobs.setdefault(profile or "", {})[status] = int(count)
-    # Reports are recorded in Redis only (app/observability/store.py), never on the row.
-    from app.observability.store import last_reports
+    return _Rows(learned, workers, jobs, int(waiting[0] or 0), waiting[1])
 
+
+def _plan_view(plan: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The published plan as `/v1/fleet` shows it (None: no recent run, or no Redis)."""
+    if not plan:
+        return None
+    return {
+        "at": plan.get("at"),
+        "held_back": plan.get("held_back", []),
+        "waiting": plan.get("waiting"),
+        "actions": plan.get("actions", {}),
+        # Which rule decided each new worker and each idle deletion.
+        "decisions": plan.get("decisions", []),
+    }
+
+
+def fleet_overview(
+    settings: Settings, db: Database, client: redis.Redis | None, now: datetime
+) -> dict[str, Any]:
+    """The fleet as `/v1/fleet` shows it. `client` None: the broker is known to be out of
+    reach, so what only Redis holds (queues, the plan, report ages) is unknown (None)."""
+    names = [p.name for p in settings.profiles]
+    rows = _read_rows(db, now)
+    workers = rows.workers
+    # Reports are recorded in Redis only (app/observability/store.py), never on the row.
     if client is None:
         depths: dict[str, int | None] = dict.fromkeys(names)
         reported: dict[str, datetime] = {}
@@ -135,15 +166,21 @@ def fleet_overview(
         else read_learned(db, client, now, images)
     )
     rules = fleet_rules(settings)
-
     profiles = [
         {
-            **_profile(p, learned.get(p.name), workers, jobs.get(p.name, {}), depths, planned, now),
+            **_profile(
+                p,
+                rows.learned.get(p.name),
+                workers,
+                rows.jobs.get(p.name, {}),
+                depths,
+                planned,
+                now,
+            ),
             **_learned(p.name, history, rules),
         }
         for p in settings.profiles
     ]
-
     current_total = sum(w.hourly_cost_eur for w in workers if _billed(w))
     return {
         "at": iso(now),
@@ -152,20 +189,9 @@ def fleet_overview(
             "current_hourly_eur": round(current_total, 4),
             "planned_hourly_eur": (plan or {}).get("planned_hourly_eur"),
         },
-        "waiting_jobs": int(waiting[0] or 0),
-        "oldest_waiting_seconds": _seconds(waiting[1], now),
-        "plan": (
-            {
-                "at": plan.get("at"),
-                "held_back": plan.get("held_back", []),
-                "waiting": plan.get("waiting"),
-                "actions": plan.get("actions", {}),
-                # Which rule decided each new worker and each idle deletion.
-                "decisions": plan.get("decisions", []),
-            }
-            if plan
-            else None
-        ),
+        "waiting_jobs": rows.waiting,
+        "oldest_waiting_seconds": _seconds(rows.oldest_waiting, now),
+        "plan": _plan_view(plan),
         "profiles": profiles,
         "workers": [_worker(w, reported.get(w.id), now) for w in workers],
     }

@@ -119,7 +119,9 @@ class Submitter:
             size = staged.stat().st_size
             if size > limit:
                 raise Refused(
-                    "payload_too_large", f"the file is {size} bytes; the limit is {limit}"
+                    "payload_too_large",
+                    f"the file is {size} bytes; the limit is {limit} (the setting "
+                    "api.max_upload_bytes, MURMUR_MAX_UPLOAD_BYTES)",
                 )
             with self.probe_slot():
                 info = probe_audio(staged, self.svc.settings.api.max_audio_seconds)

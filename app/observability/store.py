@@ -15,7 +15,7 @@ Layout (all keys under `murmur:`; the broker's own keys are untouched):
 - `murmur:broker_users_recreated` (hash profile -> count): workers' broker users the fleet
   re-created after the broker lost them (app/fleet/broker_users.py).
 - `murmur:fleet:plan` (string, JSON) is the fleet's: each reconcile publishes its plan
-  there (app.fleet.service.PLAN_KEY); the planned cost is read from it.
+  there (app.fleet.liveness.PLAN_KEY); the planned cost is read from it.
 - `murmur:fleet:reconciled-at` (string, unix s) is the fleet's too: when a reconcile last
   completed (app.fleet.liveness); its age is the control plane's liveness.
 - `murmur:job_latency` (hash): job wait and duration histogram buckets.
@@ -39,8 +39,7 @@ from typing import Any, cast
 import pydantic_core
 import redis
 
-from app.fleet.liveness import RECONCILED_KEY
-from app.fleet.service import PLAN_KEY
+from app.fleet.liveness import PLAN_KEY, RECONCILED_KEY
 from app.models import FINISHED_STATES, Job
 from gpu_worker.protocol.broker import PROFILE_NAME
 from gpu_worker.protocol.usage import UsageReport
