@@ -244,7 +244,9 @@ class FleetState:
     inventory_known: frozenset[str] = frozenset()
     queued: int = 0  # jobs waiting for any profile (queued, audio stored)
     oldest_queued_at: datetime | None = None
-    dispatchable: tuple[str, ...] = ()  # oldest queued job ids, at most a few hundred
+    # Queued job ids the plan may dispatch this round, oldest first within each owner: the
+    # head of each owner's queue per kind of job (app/fleet/snapshot.py), bounded.
+    dispatchable: tuple[str, ...] = ()
     job_counts: tuple[JobCounts, ...] = ()
     active_jobs: tuple[ActiveJob, ...] = ()
     # When the fleet last came back from a stop (app.fleet.reconcile.listening_since):
@@ -259,6 +261,11 @@ class FleetState:
     # id -> those profiles' names (language, task, model, diarize; computed outside the planner
     # by app/jobs/routing.py). A job not listed may go to any profile.
     routes: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    # Fair dispatch between API tokens (app/fleet/dispatch_order.py): the owner of each
+    # dispatchable job, and each owner's jobs dispatched or running now. Empty: the ids are
+    # taken in the order given.
+    owners: Mapping[str, str] = field(default_factory=dict)
+    in_service: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ workers, never with the backlog.
 from __future__ import annotations
 
 from app.fleet.boot_policy import lifecycle, profile_boot
+from app.fleet.dispatch_order import fair_order
 from app.fleet.idle_policy import retire
 from app.fleet.plan_records import (
     DISPATCHED,
@@ -169,7 +170,8 @@ def _dispatch(r: Round) -> None:
     """
     state = r.state
     r.waiting = state.queued + len(r.requeues)
-    pool = list(dict.fromkeys([q.job_id for q in r.requeues] + list(state.dispatchable)))
+    fair = fair_order(state.dispatchable, state.owners, state.in_service)
+    pool = list(dict.fromkeys([q.job_id for q in r.requeues] + fair))
     dispatch_left = state.rules.max_dispatch
     # Earlier profiles that could still get a worker (or are held): a job one of them can
     # serve prefers it, so here only workers still starting take it.
@@ -183,11 +185,10 @@ def _dispatch(r: Round) -> None:
         else:
             r.reached.add(p.name)
         taken: list[str] = []
-        for job_id in pool:
-            if len(taken) >= min(free, dispatch_left):
+        room = min(free, dispatch_left)
+        for job_id in _only_here_first(r, pool, p.name) if room > 0 else ():
+            if len(taken) >= room:
                 break
-            if not serves(state, job_id, p.name):
-                continue
             if any(serves(state, job_id, q) for q in open_before):
                 if booting <= 0:
                     continue
@@ -219,6 +220,15 @@ def _dispatch(r: Round) -> None:
             for job_id, allowed in state.routes.items()
             if job_id not in active and job_id not in dispatched
         ][: r.waiting]
+
+
+def _only_here_first(r: Round, pool: list[str], profile: str) -> list[str]:
+    """The jobs `profile` serves, those no other enabled profile serves first (they have
+    nowhere else to go), each group in the pool's (fair) order."""
+    state = r.state
+    others = [p.name for p in state.profiles if p.enabled and p.name != profile]
+    mine = [job_id for job_id in pool if serves(state, job_id, profile)]
+    return sorted(mine, key=lambda job_id: any(serves(state, job_id, q) for q in others))
 
 
 def _orphans(state: FleetState) -> list[Action]:
