@@ -262,10 +262,11 @@ class FleetState:
     # by app/jobs/routing.py). A job not listed may go to any profile.
     routes: Mapping[str, frozenset[str]] = field(default_factory=dict)
     # Fair dispatch between API tokens (app/fleet/dispatch_order.py): the owner of each
-    # dispatchable job, and each owner's jobs dispatched or running now. Empty: the ids are
-    # taken in the order given.
+    # dispatchable job, each owner's jobs dispatched or running now, and when the reconcile
+    # last dispatched one of its jobs (Unix time). Empty: the ids are taken in the order given.
     owners: Mapping[str, str] = field(default_factory=dict)
     in_service: Mapping[str, int] = field(default_factory=dict)
+    last_served: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -170,7 +170,7 @@ def _dispatch(r: Round) -> None:
     """
     state = r.state
     r.waiting = state.queued + len(r.requeues)
-    fair = fair_order(state.dispatchable, state.owners, state.in_service)
+    fair = fair_order(state.dispatchable, state.owners, state.in_service, state.last_served)
     pool = list(dict.fromkeys([q.job_id for q in r.requeues] + fair))
     dispatch_left = state.rules.max_dispatch
     # Earlier profiles that could still get a worker (or are held): a job one of them can

@@ -33,6 +33,7 @@ from app.fleet.planner import (
 )
 from app.fleet.providers.base import Instance, ProviderError
 from app.fleet.rules import fleet_rules
+from app.fleet.served import read_served
 from app.fleet.service import queue_depths
 from app.jobs import routing
 from app.models import (
@@ -82,7 +83,8 @@ def read_snapshot(
     instances, known = _inventory(svc, db.workers)
     routes = _routes(svc.settings, [h[:1] + h[4:8] for h in db.heads] + list(db.needs))
     owners = {h.id: h.owner for h in db.heads}
-    order = fair_order([h.id for h in db.heads], owners, db.in_service)
+    served = read_served(svc.redis) if owners else {}
+    order = fair_order([h.id for h in db.heads], owners, db.in_service, served)
     by_id = {h.id: h for h in db.heads}
     state = FleetState(
         now=now,
@@ -132,6 +134,7 @@ def read_snapshot(
         routes=routes,
         owners=owners,
         in_service=db.in_service,
+        last_served=served,
     )
     return Snapshot(state=state, instances=instances)
 
