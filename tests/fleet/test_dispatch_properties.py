@@ -218,3 +218,43 @@ def test_a_single_job_goes_before_a_thousand_job_backlog() -> None:
     assert fair_order(ids, owners, {})[:2] == ["a0000", "b0"]
     # Within one owner: oldest first.
     assert fair_order(ids, owners, {})[2:5] == ["a0001", "a0002", "a0003"]
+
+
+# --- make up's two local profiles (docs/runtime.md "Diarization on a laptop") ----------------
+
+
+def laptop(workers: list[WorkerSnapshot], jobs: dict[str, bool]) -> dict[str, str]:
+    """`local-cpu` then `local-cpu-diarize`, one worker each at most; `jobs`: id -> diarize."""
+    profiles = tuple(
+        ProfileSnapshot(name, "local", True, 1, 0.0) for name in ("local-cpu", "local-cpu-diarize")
+    )
+    state = FleetState(
+        now=NOW,
+        rules=rules(100.0),
+        profiles=profiles,
+        workers=tuple(workers),
+        queued=len(jobs),
+        oldest_queued_at=ago(60) if jobs else None,
+        dispatchable=tuple(jobs),
+        routes={j: frozenset({"local-cpu-diarize"}) for j, diarize in jobs.items() if diarize},
+        owners={j: "token" for j in jobs},
+    )
+    return dispatched(state)
+
+
+def test_plain_jobs_go_to_the_plain_profile_while_it_has_a_free_worker() -> None:
+    workers = [worker("c", "local-cpu", "idle"), worker("d", "local-cpu-diarize", "idle")]
+    sent = laptop(workers, {"plain": False, "speakers": True})
+    assert sent == {"plain": "local-cpu", "speakers": "local-cpu-diarize"}
+
+
+def test_the_diarizing_worker_takes_a_diarize_job_before_an_older_plain_one() -> None:
+    workers = [worker("c", "local-cpu", "busy"), worker("d", "local-cpu-diarize", "idle")]
+    assert laptop(workers, {"plain": False, "speakers": True}) == {"speakers": "local-cpu-diarize"}
+
+
+def test_a_plain_job_takes_the_idle_diarizing_worker_when_the_plain_profile_is_full() -> None:
+    """local-cpu is at max_workers (1) and busy: the plain job does not idle beside the free
+    diarizing worker (work-conserving; docs/runtime.md says so)."""
+    workers = [worker("c", "local-cpu", "busy"), worker("d", "local-cpu-diarize", "idle")]
+    assert laptop(workers, {"plain": False}) == {"plain": "local-cpu-diarize"}
