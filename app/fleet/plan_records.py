@@ -223,7 +223,7 @@ class ActiveJob:
 
 @dataclass(frozen=True)
 class WaitingJob:
-    """A queued job for the scaling policy (the oldest few hundred, oldest first): how much
+    """A queued job for the scaling policy (a few hundred, in fair dispatch order): how much
     audio it holds and, when only some profiles can serve it, which (None: any)."""
 
     id: str
@@ -252,8 +252,8 @@ class FleetState:
     # When the fleet last came back from a stop (app.fleet.reconcile.listening_since):
     # nothing could hear the workers before, so their silence counts from here at the earliest.
     listening_since: datetime | None = None
-    # The oldest queued jobs with their audio (app/fleet/scaling_policy.py); empty: one worker
-    # per waiting job, as before work-aware scaling.
+    # Queued jobs with their audio, in dispatch order (app/fleet/scaling_policy.py); empty:
+    # one worker per waiting job, as before work-aware scaling.
     waiting_jobs: tuple[WaitingJob, ...] = ()
     # Jobs submitted within rules.arrival_window (app/fleet/idle_policy.py); None: unknown.
     recent_arrivals: int | None = None
