@@ -59,6 +59,11 @@ MAX_WAITING_JOBS = 500
 # dispatch this round and the scaling policy weighs (app/fleet/dispatch_order.py orders them).
 MAX_HEAD_JOBS = MAX_WAITING_JOBS
 MAX_CANDIDATES = 2000
+# The oldest queued jobs ranked per owner and kind of job: past these, only each owner's
+# oldest job is read (the cost stays flat whatever the backlog: docs/performance.md).
+SCAN_WINDOW = 5000
+# Owners whose queue heads are read (API tokens; a deployment has a few, or thousands).
+MAX_OWNERS = 10_000
 
 
 @dataclass(frozen=True)
@@ -185,32 +190,66 @@ def _queued_ready() -> ColumnElement[bool]:
     return (Job.status == JobStatus.QUEUED.value) & Job.audio_key.is_not(None)
 
 
+def _head_columns() -> tuple[Any, ...]:
+    return (
+        Job.id,
+        Job.owner,
+        Job.duration_seconds.label("duration"),
+        Job.created_at,
+        *_NEED_COLUMNS[1:],
+    )
+
+
 def _queued_heads(s: Session) -> Sequence[Any]:
-    """The first MAX_HEAD_JOBS queued jobs of each (owner, language, task, model, diarize),
-    at most MAX_CANDIDATES in all (every head before any second job): whatever one token
-    queued, every other token's oldest job of each kind is offered to the planner, and a job
-    only some profiles serve never hides one that others could take."""
+    """The queued jobs the plan may dispatch, oldest first, read from indexes only:
+
+    - among the oldest SCAN_WINDOW queued jobs, the first MAX_HEAD_JOBS of each (owner,
+      language, task, model, diarize), every first before any second, MAX_CANDIDATES in all:
+      a job only some profiles serve never hides one that others could take;
+    - and every owner's oldest queued job, however deep the backlog ahead of it: one index
+      seek per owner (a loose scan of the owners, then their queue's head).
+    """
     kind = (Job.owner, Job.language, Job.task, Job.model, Job.diarize)
-    rank = func.row_number().over(partition_by=kind, order_by=(Job.created_at, Job.id))
-    ranked = (
-        select(
-            Job.id,
-            Job.owner,
-            Job.duration_seconds.label("duration"),
-            Job.created_at,
-            *_NEED_COLUMNS[1:],
-            rank.label("rank"),
-        )
+    oldest = (
+        select(*_head_columns())
         .where(_queued_ready())
+        .order_by(Job.created_at, Job.id)
+        .limit(SCAN_WINDOW)
         .subquery()
     )
-    heads = s.execute(
-        select(ranked)
-        .where(ranked.c.rank <= MAX_HEAD_JOBS)
-        .order_by(ranked.c.rank, ranked.c.created_at, ranked.c.id)
-        .limit(MAX_CANDIDATES)
-    ).all()
+    by_kind = tuple(oldest.c[c.key] for c in kind)
+    rank = func.row_number().over(partition_by=by_kind, order_by=(oldest.c.created_at, oldest.c.id))
+    ranked = select(oldest, rank.label("rank")).subquery()
+    heads = list(
+        s.execute(
+            select(*(ranked.c[c.name] for c in oldest.c))
+            .where(ranked.c.rank <= MAX_HEAD_JOBS)
+            .order_by(ranked.c.rank, ranked.c.created_at, ranked.c.id)
+            .limit(MAX_CANDIDATES)
+        ).all()
+    )
+    seen = {h.id for h in heads}
+    firsts = [i for i in s.scalars(_owner_heads()) if i is not None and i not in seen]
+    if firsts:
+        heads.extend(s.execute(select(*_head_columns()).where(Job.id.in_(firsts))).all())
     return sorted(heads, key=lambda h: (as_utc(h.created_at), h.id))
+
+
+def _owner_heads() -> Any:
+    """Each owner's oldest queued job id (None for an owner with none): owners are walked one
+    index seek each (`ix_jobs_owner_created`), their head read from
+    `ix_jobs_owner_status_created`; no row of the backlog is scanned."""
+    first = select(func.min(Job.owner).label("owner")).cte("owners", recursive=True)
+    nxt = select(func.min(Job.owner)).where(Job.owner > first.c.owner).scalar_subquery()
+    owners = first.union_all(select(nxt).where(first.c.owner.is_not(None)))
+    head = (
+        select(Job.id)
+        .where(Job.owner == owners.c.owner, _queued_ready())
+        .order_by(Job.created_at, Job.id)
+        .limit(1)
+        .scalar_subquery()
+    )
+    return select(head).where(owners.c.owner.is_not(None)).limit(MAX_OWNERS)
 
 
 def _active_jobs(s: Session) -> Sequence[Any]:

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
+
+from app.fleet import snapshot
 from app.fleet.planner import Dispatch, Provision, plan_fleet
 from app.fleet.snapshot import read_snapshot
 from app.models import Job, JobStatus, ProfileState
@@ -97,3 +100,26 @@ def test_one_tokens_backlog_does_not_delay_another_tokens_job(make_fleet: MakeFl
     # A's first job ran; B's single job is next, ahead of A's 39 others.
     fleet.reconcile(advance=1)
     assert [j.id for j in fleet.jobs(JobStatus.DISPATCHED.value)] == [single]
+
+
+def test_a_token_behind_a_deeper_backlog_than_the_scan_is_still_offered(
+    make_fleet: MakeFleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past the oldest SCAN_WINDOW queued jobs, each owner's oldest job is still read (one
+    index seek per owner), so a token whose job sits behind a long backlog gets its turn."""
+    monkeypatch.setattr(snapshot, "SCAN_WINDOW", 2)
+    fleet = make_fleet([PLAIN, DIARIZING])
+    _idle_plain_worker(fleet)
+    _hold(fleet, "p100-par1")
+    fleet.clock.advance(1)
+    blocked = [_job(fleet, "token-a", diarize=True, after=i) for i in range(5)]
+    plain = _job(fleet, "token-b", diarize=False, after=10)
+    later = _job(fleet, "token-b", diarize=False, after=11)
+
+    state = snapshot.read_snapshot(fleet.svc, fleet.clock(), fleet.clock()).state
+    assert set(state.dispatchable) == {*blocked[:2], plain}
+    assert state.queued == 7 and later not in state.dispatchable
+    plan = plan_fleet(state)
+    assert [(a.job_id, a.profile) for a in plan.actions if isinstance(a, Dispatch)] == [
+        (plain, "l4-par2")
+    ]
