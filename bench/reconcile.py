@@ -11,9 +11,9 @@ index, not the planner.
 
 A third table (issue 32, fair dispatch) times one reconcile's read and plan over a backlog of
 100,000 queued jobs from 1,000 API tokens (a few `diarize=true` jobs among them), on SQLite
-and on PostgreSQL: `read_snapshot` (the window function that reads the head of each token's
-queue per kind of job) and `plan_fleet` on what it read, median of 5 runs, with the load
-average, as a share of the reconcile interval (5 s by default).
+and on PostgreSQL: `read_snapshot` (the queue heads per token and kind of job among the oldest
+queued jobs, and every token's oldest job) and `plan_fleet` on what it read, median of 5
+runs, with the load average, as a share of the reconcile interval (5 s by default).
 
 Run: .venv/bin/python bench/reconcile.py            (add --no-read to skip the database parts,
 --smoke for a few plans of the two smallest cases and a 2,000-job fair-dispatch read on SQLite)
