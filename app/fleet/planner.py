@@ -176,6 +176,8 @@ def _dispatch(r: Round) -> None:
     # Earlier profiles that could still get a worker (or are held): a job one of them can
     # serve prefers it, so here only workers still starting take it.
     open_before: list[str] = []
+    preferred: set[str] = set()  # jobs one of them serves
+    choices = _choices(state, pool)
     for p, t in r.enabled():
         free = sum(1 for w in t.workers if w.state in SERVING and not w.busy) - t.dispatched
         booting = sum(1 for w in t.workers if w.state in SERVING - {READY} and not w.busy)
@@ -186,10 +188,10 @@ def _dispatch(r: Round) -> None:
             r.reached.add(p.name)
         taken: list[str] = []
         room = min(free, dispatch_left)
-        for job_id in _only_here_first(r, pool, p.name) if room > 0 else ():
+        for job_id in _only_here_first(state, pool, p.name, choices) if room > 0 else ():
             if len(taken) >= room:
                 break
-            if any(serves(state, job_id, q) for q in open_before):
+            if job_id in preferred:
                 if booting <= 0:
                     continue
                 booting -= 1
@@ -211,6 +213,7 @@ def _dispatch(r: Round) -> None:
             or availability(p, state.now) == "held"
         ):
             open_before.append(p.name)
+            preferred.update(job_id for job_id in pool if serves(state, job_id, p.name))
     r.waiting = max(0, r.waiting)
     if state.routes:
         active = {j.id for j in state.active_jobs} - {q.job_id for q in r.requeues}
@@ -222,13 +225,23 @@ def _dispatch(r: Round) -> None:
         ][: r.waiting]
 
 
-def _only_here_first(r: Round, pool: list[str], profile: str) -> list[str]:
+def _choices(state: FleetState, pool: list[str]) -> dict[str, int]:
+    """How many enabled profiles can serve each job of the pool."""
+    enabled = frozenset(p.name for p in state.profiles if p.enabled)
+    routes = state.routes
+    return {
+        job_id: len(routes[job_id] & enabled) if job_id in routes else len(enabled)
+        for job_id in pool
+    }
+
+
+def _only_here_first(
+    state: FleetState, pool: list[str], profile: str, choices: dict[str, int]
+) -> list[str]:
     """The jobs `profile` serves, those no other enabled profile serves first (they have
     nowhere else to go), each group in the pool's (fair) order."""
-    state = r.state
-    others = [p.name for p in state.profiles if p.enabled and p.name != profile]
     mine = [job_id for job_id in pool if serves(state, job_id, profile)]
-    return sorted(mine, key=lambda job_id: any(serves(state, job_id, q) for q in others))
+    return sorted(mine, key=lambda job_id: choices[job_id] > 1)
 
 
 def _orphans(state: FleetState) -> list[Action]:
