@@ -9,16 +9,30 @@ A second table times the reader that feeds the planner (SQLite with N queued job
 queries read_snapshot runs), to show where the backlog does cost something: COUNT/MIN over an
 index, not the planner.
 
-Run: .venv/bin/python bench/reconcile.py            (add --no-read to skip the SQLite part,
---smoke for a few plans of the two smallest cases)
+A third table (issue 32, fair dispatch) times one reconcile's read and plan over a backlog of
+100,000 queued jobs from 1,000 API tokens (a few `diarize=true` jobs among them), on SQLite
+and on PostgreSQL: `read_snapshot` (the queue heads per token and kind of job among the oldest
+queued jobs, and every token's oldest job) and `plan_fleet` on what it read, median of 5
+runs, with the load average, as a share of the reconcile interval (5 s by default).
+
+Run: .venv/bin/python bench/reconcile.py            (add --no-read to skip the database parts,
+--smoke for a few plans of the two smallest cases and a 2,000-job fair-dispatch read on SQLite)
+Redis: MURMUR_BENCH_REDIS_URL (default redis://127.0.0.1:6379/0). PostgreSQL:
+MURMUR_BENCH_POSTGRES_URL (default postgresql://postgres@127.0.0.1:5432/postgres; a database
+of its own is created and dropped; skipped when not reachable).
 """
 
 from __future__ import annotations
 
+import os
 import random
 import statistics
 import sys
 import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -47,6 +61,10 @@ TARGET_MS = 50.0
 # `--smoke` (CI, tests/test_benches.py): the same path, a few iterations, no verdict on speed.
 SMOKE = "--smoke" in sys.argv[1:]
 REPEAT = 3 if SMOKE else 30
+REDIS_URL = os.environ.get("MURMUR_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+POSTGRES_URL = os.environ.get(
+    "MURMUR_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
 
 
 def fleet_state(jobs: int, n_profiles: int, n_workers: int, seed: int = 1) -> FleetState:
@@ -149,7 +167,7 @@ def read_times(sizes: list[int]) -> None:
         def list_by_tag(self, scopes: frozenset[str]) -> list[object]:
             return []
 
-    client = redis.Redis.from_url("redis://127.0.0.1:6379/0", socket_connect_timeout=2)
+    client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2)
     try:
         client.ping()
     except redis.RedisError:
@@ -199,6 +217,147 @@ def read_times(sizes: list[int]) -> None:
         print(f"{n:>12,} {statistics.median(samples):>8.2f}")
 
 
+@contextmanager
+def _database(kind: str, tmp: str) -> Iterator[str]:
+    """A migrated, empty database of `kind`; its URL. Removed afterwards."""
+    from app.migrate import upgrade
+
+    if kind == "sqlite":
+        url = f"sqlite:///{tmp}/fair.db"
+        upgrade(url)
+        yield url
+        return
+    import psycopg
+
+    name = f"murmur_bench_fair_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(POSTGRES_URL, autocommit=True, connect_timeout=3) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    url = f"{POSTGRES_URL.rsplit('/', 1)[0]}/{name}"
+    try:
+        upgrade(url)
+        yield url
+    finally:
+        with psycopg.connect(POSTGRES_URL, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _fair_fleet(state: FleetState, n_workers: int) -> FleetState:
+    """The jobs read, on a fleet of two profiles: a plain one with `n_workers` ready workers
+    (half idle) and a diarizing one held after an error."""
+    profiles = (
+        ProfileSnapshot("plain", "local", True, n_workers, 0.0),
+        ProfileSnapshot("diarize", "local", True, 1, 0.0, retry_at=NOW + timedelta(seconds=600)),
+    )
+    workers = tuple(
+        WorkerSnapshot(
+            id=f"w{i}",
+            profile="plain",
+            provider="local",
+            state="ready",
+            requested_at=NOW - timedelta(seconds=600),
+            instance_id=f"i{i}",
+            hourly_cost_eur=0.0,
+            busy=i % 2 == 0,
+            created_at=NOW - timedelta(seconds=590),
+            booted_at=NOW - timedelta(seconds=500),
+            ready_at=NOW - timedelta(seconds=400),
+            idle_since=None if i % 2 == 0 else NOW - timedelta(seconds=5),
+            last_seen_at=NOW - timedelta(seconds=1),
+        )
+        for i in range(n_workers)
+    )
+    diarizing = frozenset({"diarize"})
+    # The bench's diarize=true jobs are every 50th (job_00000000, job_00000050, ...).
+    routes = {j: diarizing for j in state.dispatchable if int(j.rsplit("_", 1)[1]) % 50 == 0}
+    return replace(state, profiles=profiles, workers=workers, routes=routes)
+
+
+def fair_dispatch_times(n_jobs: int, n_tokens: int, kinds: list[str]) -> None:
+    """Issue 32: a reconcile's read and plan over `n_jobs` queued jobs from `n_tokens` tokens."""
+    import tempfile
+
+    import redis
+
+    from app.config import Settings
+    from app.db import Database
+    from app.fleet.providers import ProviderRegistry
+    from app.fleet.snapshot import read_snapshot
+    from app.models import Job
+    from app.services import build_services
+
+    class NoInstances:
+        name = "local"
+
+        def list_by_tag(self, scopes: frozenset[str]) -> list[object]:
+            return []
+
+    try:
+        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2).ping()
+    except redis.RedisError:
+        print("(Redis not reachable: fair-dispatch timings skipped)")
+        return
+    interval = 5.0  # fleet.reconcile_interval_seconds' default
+    print()
+    print(
+        f"fair dispatch: {n_jobs:,} queued jobs from {n_tokens:,} tokens "
+        f"(1 in 50 diarize=true), median of 5, ms"
+    )
+    print(f"{'database':>10} {'read':>8} {'plan':>8} {'offered':>8} {'of 5 s':>7} {'load':>5}")
+    for kind in kinds:
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                context = _database(kind, tmp)
+                url = context.__enter__()
+            except Exception as exc:  # PostgreSQL not reachable here: say so, go on
+                print(f"{kind:>10} skipped: {type(exc).__name__}")
+                continue
+            try:
+                settings = Settings.model_validate({"database_url": url, "profiles": []})
+                db = Database(url)
+                rows = [
+                    {
+                        "id": f"job_{i:08d}",
+                        "status": "queued",
+                        "owner": f"token-{i % n_tokens:04d}",
+                        "source": "upload",
+                        "audio_key": "x",
+                        "diarize": i % 50 == 0,
+                        "created_at": NOW + timedelta(microseconds=i),
+                        "updated_at": NOW,
+                        "attempts": 0,
+                        "word_timestamps": False,
+                    }
+                    for i in range(n_jobs)
+                ]
+                with db.engine.begin() as conn:
+                    for start in range(0, n_jobs, 10_000):
+                        conn.execute(Job.__table__.insert(), rows[start : start + 10_000])
+                svc = build_services(
+                    settings.model_copy(update={"storage_path": f"{tmp}/audio"}),
+                    None,  # type: ignore[arg-type]
+                    db=db,
+                    providers=ProviderRegistry(settings, {"local": NoInstances()}),  # type: ignore[dict-item]
+                )
+                reads, plans = [], []
+                for _ in range(5):
+                    start = time.perf_counter()
+                    snapshot = read_snapshot(svc, NOW)
+                    reads.append((time.perf_counter() - start) * 1000)
+                    state = _fair_fleet(snapshot.state, 100)
+                    start = time.perf_counter()
+                    plan_fleet(state)
+                    plans.append((time.perf_counter() - start) * 1000)
+                assert snapshot.state.queued == n_jobs
+                db.dispose()
+            finally:
+                context.__exit__(None, None, None)
+        read, plan = statistics.median(reads), statistics.median(plans)
+        share = (read + plan) / (interval * 1000)
+        offered = len(snapshot.state.dispatchable)
+        load = os.getloadavg()[0]
+        print(f"{kind:>10} {read:>8.1f} {plan:>8.1f} {offered:>8,} {share:>7.1%} {load:>5.1f}")
+
+
 def main() -> int:
     print(f"fleet planner, median of {REPEAT} plans (Python {sys.version.split()[0]})")
     print(f"{'waiting jobs':>12} {'profiles':>8} {'workers':>7} {'ms/plan':>8} {'vs 1k':>6}")
@@ -218,6 +377,10 @@ def main() -> int:
     )
     if "--no-read" not in sys.argv:
         read_times([1_000] if SMOKE else [1_000, 10_000, 100_000])
+        if SMOKE:
+            fair_dispatch_times(2_000, 20, ["sqlite"])
+        else:
+            fair_dispatch_times(100_000, 1_000, ["sqlite", "postgresql"])
     return 0 if target <= TARGET_MS or SMOKE else 1
 
 

@@ -47,6 +47,7 @@ from app.fleet.providers.base import (
     StockHint,
     Teardown,
 )
+from app.fleet.served import note_served
 from app.fleet.snapshot import Snapshot
 from app.jobs.dispatch import dispatch_job, requeue_job, withdraw_messages
 from app.jobs.service import announce_finished, fail_job, get_job
@@ -169,6 +170,9 @@ class _Applying:
         svc = self.svc
         if dispatch_job(svc.db, svc.celery, action.job_id, action.profile, now=svc.clock()):
             self.out.dispatched[action.profile] += 1
+            owner = self.snapshot.state.owners.get(action.job_id)
+            if owner is not None:  # fair dispatch's memory (app/fleet/dispatch_order.py)
+                note_served(svc.redis, [owner], svc.clock())
 
     def provision(self, action: Provision) -> None:
         if self.provisioning_stopped or action.profile in self.held_now:

@@ -223,7 +223,7 @@ class ActiveJob:
 
 @dataclass(frozen=True)
 class WaitingJob:
-    """A queued job for the scaling policy (the oldest few hundred, oldest first): how much
+    """A queued job for the scaling policy (a few hundred, in fair dispatch order): how much
     audio it holds and, when only some profiles can serve it, which (None: any)."""
 
     id: str
@@ -244,14 +244,16 @@ class FleetState:
     inventory_known: frozenset[str] = frozenset()
     queued: int = 0  # jobs waiting for any profile (queued, audio stored)
     oldest_queued_at: datetime | None = None
-    dispatchable: tuple[str, ...] = ()  # oldest queued job ids, at most a few hundred
+    # Queued job ids the plan may dispatch this round, oldest first within each owner: the
+    # head of each owner's queue per kind of job (app/fleet/snapshot.py), bounded.
+    dispatchable: tuple[str, ...] = ()
     job_counts: tuple[JobCounts, ...] = ()
     active_jobs: tuple[ActiveJob, ...] = ()
     # When the fleet last came back from a stop (app.fleet.reconcile.listening_since):
     # nothing could hear the workers before, so their silence counts from here at the earliest.
     listening_since: datetime | None = None
-    # The oldest queued jobs with their audio (app/fleet/scaling_policy.py); empty: one worker
-    # per waiting job, as before work-aware scaling.
+    # Queued jobs with their audio, in dispatch order (app/fleet/scaling_policy.py); empty:
+    # one worker per waiting job, as before work-aware scaling.
     waiting_jobs: tuple[WaitingJob, ...] = ()
     # Jobs submitted within rules.arrival_window (app/fleet/idle_policy.py); None: unknown.
     recent_arrivals: int | None = None
@@ -259,6 +261,12 @@ class FleetState:
     # id -> those profiles' names (language, task, model, diarize; computed outside the planner
     # by app/jobs/routing.py). A job not listed may go to any profile.
     routes: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    # Fair dispatch between API tokens (app/fleet/dispatch_order.py): the owner of each
+    # dispatchable job, each owner's jobs dispatched or running now, and when the reconcile
+    # last dispatched one of its jobs (Unix time). Empty: the ids are taken in the order given.
+    owners: Mapping[str, str] = field(default_factory=dict)
+    in_service: Mapping[str, int] = field(default_factory=dict)
+    last_served: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ workers, never with the backlog.
 from __future__ import annotations
 
 from app.fleet.boot_policy import lifecycle, profile_boot
+from app.fleet.dispatch_order import fair_order
 from app.fleet.idle_policy import retire
 from app.fleet.plan_records import (
     DISPATCHED,
@@ -169,11 +170,14 @@ def _dispatch(r: Round) -> None:
     """
     state = r.state
     r.waiting = state.queued + len(r.requeues)
-    pool = list(dict.fromkeys([q.job_id for q in r.requeues] + list(state.dispatchable)))
+    fair = fair_order(state.dispatchable, state.owners, state.in_service, state.last_served)
+    pool = list(dict.fromkeys([q.job_id for q in r.requeues] + fair))
     dispatch_left = state.rules.max_dispatch
     # Earlier profiles that could still get a worker (or are held): a job one of them can
     # serve prefers it, so here only workers still starting take it.
     open_before: list[str] = []
+    preferred: set[str] = set()  # jobs one of them serves
+    choices = _choices(state, pool)
     for p, t in r.enabled():
         free = sum(1 for w in t.workers if w.state in SERVING and not w.busy) - t.dispatched
         booting = sum(1 for w in t.workers if w.state in SERVING - {READY} and not w.busy)
@@ -183,12 +187,11 @@ def _dispatch(r: Round) -> None:
         else:
             r.reached.add(p.name)
         taken: list[str] = []
-        for job_id in pool:
-            if len(taken) >= min(free, dispatch_left):
+        room = min(free, dispatch_left)
+        for job_id in _only_here_first(state, pool, p.name, choices) if room > 0 else ():
+            if len(taken) >= room:
                 break
-            if not serves(state, job_id, p.name):
-                continue
-            if any(serves(state, job_id, q) for q in open_before):
+            if job_id in preferred:
                 if booting <= 0:
                     continue
                 booting -= 1
@@ -210,6 +213,7 @@ def _dispatch(r: Round) -> None:
             or availability(p, state.now) == "held"
         ):
             open_before.append(p.name)
+            preferred.update(job_id for job_id in pool if serves(state, job_id, p.name))
     r.waiting = max(0, r.waiting)
     if state.routes:
         active = {j.id for j in state.active_jobs} - {q.job_id for q in r.requeues}
@@ -219,6 +223,25 @@ def _dispatch(r: Round) -> None:
             for job_id, allowed in state.routes.items()
             if job_id not in active and job_id not in dispatched
         ][: r.waiting]
+
+
+def _choices(state: FleetState, pool: list[str]) -> dict[str, int]:
+    """How many enabled profiles can serve each job of the pool."""
+    enabled = frozenset(p.name for p in state.profiles if p.enabled)
+    routes = state.routes
+    return {
+        job_id: len(routes[job_id] & enabled) if job_id in routes else len(enabled)
+        for job_id in pool
+    }
+
+
+def _only_here_first(
+    state: FleetState, pool: list[str], profile: str, choices: dict[str, int]
+) -> list[str]:
+    """The jobs `profile` serves, those no other enabled profile serves first (they have
+    nowhere else to go), each group in the pool's (fair) order."""
+    mine = [job_id for job_id in pool if serves(state, job_id, profile)]
+    return sorted(mine, key=lambda job_id: choices[job_id] > 1)
 
 
 def _orphans(state: FleetState) -> list[Action]:

@@ -2,7 +2,8 @@
 
 Work-aware (when the snapshot carries the waiting jobs' audio and the profile's measured
 speed): the queue is played forward on the profile's workers — each free when its current job
-or its boot ends, jobs taken oldest first by the first worker free (`drain`). A new worker is
+or its boot ends, jobs taken in their dispatch order (fair between API tokens, oldest first
+within one: app/fleet/dispatch_order.py) by the first worker free (`drain`). A new worker is
 added only when it shortens the time to drain the backlog by more than its boot, and always
 while some job would otherwise wait past `rules.target_wait` (counted from its submission), up
 to `max_workers`, the budget and the round's limit. Jobs that would still wait too long with
@@ -303,7 +304,7 @@ def _queue(
     r: Round, p: ProfileSnapshot, mine: list[WaitingJob], speed: float
 ) -> list[tuple[float, float]]:
     """(seconds waited, seconds of work) of the jobs on the profile's queue not started yet
-    (this round's dispatches included), then of `mine`, oldest first."""
+    (this round's dispatches included), oldest first, then of `mine`, in their order."""
     now = r.state.now
     waiting = {j.id: j for j in r.state.waiting_jobs}
     ahead: list[tuple[float, float]] = []

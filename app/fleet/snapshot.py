@@ -1,26 +1,29 @@
 """Read the fleet for the planner: profiles, workers, job aggregates, queue depths, inventory.
 
-Jobs are read as aggregates (GROUP BY) plus two bounded id lists, so reading 100,000 waiting
-jobs costs what reading 10 does. Provider inventories that cannot be read are left out and
-marked unknown, so the planner draws no conclusion from their silence.
+Jobs are read as aggregates (GROUP BY) plus bounded lists: the head of each owner's queue per
+kind of job (a window function, `_queued_heads`) and a sample of the active jobs, so the
+planner's input stays bounded whatever the backlog (100,000 jobs: docs/performance.md).
+Provider inventories that cannot be read are left out and marked unknown, so the planner
+draws no conclusion from their silence.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, func, select
+from sqlalchemy import ColumnElement, Row, func, select
+from sqlalchemy.orm import Session
 
 from app.config import Settings
 from app.db import as_utc
+from app.fleet.dispatch_order import fair_order
 from app.fleet.learned import Learned, read_learned
 from app.fleet.planner import (
     ActiveJob,
-    FleetRules,
     FleetState,
     InstanceSnapshot,
     JobCounts,
@@ -30,16 +33,15 @@ from app.fleet.planner import (
 )
 from app.fleet.providers.base import Instance, ProviderError
 from app.fleet.rules import fleet_rules
+from app.fleet.served import read_served
 from app.fleet.service import queue_depths
 from app.jobs import routing
 from app.models import (
-    LIVE_WORKER_STATES,
     SEEN_STARTING_AT,
     Job,
     JobStatus,
     ProfileState,
     Worker,
-    WorkerState,
     server_gone,
 )
 from app.observability.store import last_reports
@@ -50,9 +52,18 @@ log = logging.getLogger("murmur.fleet")
 
 # Dispatched/running jobs examined per round for re-routing (the oldest first).
 MAX_ACTIVE_JOBS = 2000
-# Queued jobs the scaling policy weighs one by one (the oldest first); a backlog past this
+# Queued jobs the scaling policy weighs one by one (in their fair order); a backlog past this
 # many already asks for every worker the bounds allow.
 MAX_WAITING_JOBS = 500
+# Queued jobs read per owner and kind of job (the oldest first), and in all: what the plan may
+# dispatch this round and the scaling policy weighs (app/fleet/dispatch_order.py orders them).
+MAX_HEAD_JOBS = MAX_WAITING_JOBS
+MAX_CANDIDATES = 2000
+# The oldest queued jobs ranked per owner and kind of job: past these, only each owner's
+# oldest job is read (the cost stays flat whatever the backlog: docs/performance.md).
+SCAN_WINDOW = 5000
+# Owners whose queue heads are read (API tokens; a deployment has a few, or thousands).
+MAX_OWNERS = 10_000
 
 
 @dataclass(frozen=True)
@@ -71,11 +82,15 @@ def read_snapshot(
 ) -> Snapshot:
     """Everything the planner needs, read now; `listening_since` comes from the reconcile."""
     rules = fleet_rules(svc.settings)
-    db = _read_rows(svc, rules)
+    db = _read_rows(svc)
     images = {p.name: p.worker_image for p in svc.settings.profiles}
     learned = read_learned(svc.db, svc.redis, now, images, note=True)
     instances, known = _inventory(svc, db.workers)
-    routes = _routes(svc.settings, db.needs)
+    routes = _routes(svc.settings, [h[:1] + h[4:8] for h in db.heads] + list(db.needs))
+    owners = {h.id: h.owner for h in db.heads}
+    served = read_served(svc.redis) if owners else {}
+    order = fair_order([h.id for h in db.heads], owners, db.in_service, served)
+    by_id = {h.id: h for h in db.heads}
     state = FleetState(
         now=now,
         rules=rules,
@@ -96,7 +111,7 @@ def read_snapshot(
         inventory_known=frozenset(known),
         queued=db.queued,
         oldest_queued_at=as_utc(db.oldest_queued_at),
-        dispatchable=db.dispatchable,
+        dispatchable=tuple(h.id for h in db.heads),
         job_counts=_job_counts(db.counts),
         active_jobs=tuple(
             ActiveJob(
@@ -113,15 +128,18 @@ def read_snapshot(
         ),
         waiting_jobs=tuple(
             WaitingJob(
-                id=w.id,
-                submitted_at=as_utc(w.created_at) or now,
-                audio_seconds=w.duration,
-                profiles=None if w.id not in routes else tuple(sorted(routes[w.id])),
+                id=job_id,
+                submitted_at=as_utc(by_id[job_id].created_at) or now,
+                audio_seconds=by_id[job_id].duration,
+                profiles=None if job_id not in routes else tuple(sorted(routes[job_id])),
             )
-            for w in db.waiting
+            for job_id in order[:MAX_WAITING_JOBS]
         ),
         recent_arrivals=learned.arrivals,
         routes=routes,
+        owners=owners,
+        in_service=db.in_service,
+        last_served=served,
     )
     return Snapshot(state=state, instances=instances)
 
@@ -152,97 +170,143 @@ class _Rows:
     counts: Sequence[Row[str | None, str, int]]
     queued: int
     oldest_queued_at: datetime | None
-    dispatchable: tuple[str, ...]
     # rows of (id, profile, status, worker_id, dispatched_at, duration_seconds, created_at,
     # started_at)
     active: Sequence[Any]
-    waiting: Sequence[Any]  # the oldest queued jobs: rows of (id, duration, created_at)
-    # (id, language, task, model, diarize) of the oldest queued jobs and the active sample
+    # The head of each owner's queue per kind of job, oldest first: rows of (id, owner,
+    # duration, created_at, language, task, model, diarize); see `_queued_heads`.
+    heads: Sequence[Any] = ()
+    # Jobs dispatched or running, per owner (fair dispatch: app/fleet/dispatch_order.py).
+    in_service: dict[str, int] = field(default_factory=dict)
+    # (id, language, task, model, diarize) of the active sample
     needs: Sequence[Any] = ()
 
 
-def _read_rows(svc: Services, rules: FleetRules) -> _Rows:
-    active_states = [JobStatus.DISPATCHED.value, JobStatus.RUNNING.value]
-    queued_ready = (Job.status == JobStatus.QUEUED.value) & Job.audio_key.is_not(None)
+_ACTIVE_STATES = (JobStatus.DISPATCHED.value, JobStatus.RUNNING.value)
+_NEED_COLUMNS = (Job.id, Job.language, Job.task, Job.model, Job.diarize)
+
+
+def _queued_ready() -> ColumnElement[bool]:
+    return (Job.status == JobStatus.QUEUED.value) & Job.audio_key.is_not(None)
+
+
+def _head_columns() -> tuple[Any, ...]:
+    return (
+        Job.id,
+        Job.owner,
+        Job.duration_seconds.label("duration"),
+        Job.created_at,
+        *_NEED_COLUMNS[1:],
+    )
+
+
+def _queued_heads(s: Session) -> Sequence[Any]:
+    """The queued jobs the plan may dispatch, oldest first, read from indexes only:
+
+    - among the oldest SCAN_WINDOW queued jobs, the first MAX_HEAD_JOBS of each (owner,
+      language, task, model, diarize), every first before any second, MAX_CANDIDATES in all:
+      a job only some profiles serve never hides one that others could take;
+    - and every owner's oldest queued job, however deep the backlog ahead of it: one index
+      seek per owner (a loose scan of the owners, then their queue's head).
+    """
+    kind = (Job.owner, Job.language, Job.task, Job.model, Job.diarize)
+    oldest = (
+        select(*_head_columns())
+        .where(_queued_ready())
+        .order_by(Job.created_at, Job.id)
+        .limit(SCAN_WINDOW)
+        .subquery()
+    )
+    by_kind = tuple(oldest.c[c.key] for c in kind)
+    rank = func.row_number().over(partition_by=by_kind, order_by=(oldest.c.created_at, oldest.c.id))
+    ranked = select(oldest, rank.label("rank")).subquery()
+    heads = list(
+        s.execute(
+            select(*(ranked.c[c.name] for c in oldest.c))
+            .where(ranked.c.rank <= MAX_HEAD_JOBS)
+            .order_by(ranked.c.rank, ranked.c.created_at, ranked.c.id)
+            .limit(MAX_CANDIDATES)
+        ).all()
+    )
+    seen = {h.id for h in heads}
+    firsts = [i for i in s.scalars(_owner_heads()) if i is not None and i not in seen]
+    if firsts:
+        heads.extend(s.execute(select(*_head_columns()).where(Job.id.in_(firsts))).all())
+    return sorted(heads, key=lambda h: (as_utc(h.created_at), h.id))
+
+
+def _owner_heads() -> Any:
+    """Each owner's oldest queued job id (None for an owner with none): owners are walked one
+    index seek each (`ix_jobs_owner_created`), their head read from
+    `ix_jobs_owner_status_created`; no row of the backlog is scanned."""
+    first = select(func.min(Job.owner).label("owner")).cte("owners", recursive=True)
+    nxt = select(func.min(Job.owner)).where(Job.owner > first.c.owner).scalar_subquery()
+    owners = first.union_all(select(nxt).where(first.c.owner.is_not(None)))
+    head = (
+        select(Job.id)
+        .where(Job.owner == owners.c.owner, _queued_ready())
+        .order_by(Job.created_at, Job.id)
+        .limit(1)
+        .scalar_subquery()
+    )
+    return select(head).where(owners.c.owner.is_not(None)).limit(MAX_OWNERS)
+
+
+def _active_jobs(s: Session) -> Sequence[Any]:
+    return s.execute(
+        select(
+            Job.id,
+            Job.profile,
+            Job.status,
+            Job.worker_id,
+            Job.dispatched_at,
+            Job.duration_seconds,
+            Job.created_at,
+            Job.started_at,
+        )
+        .where(Job.status.in_(_ACTIVE_STATES))
+        .order_by(Job.dispatched_at, Job.id)
+        .limit(MAX_ACTIVE_JOBS)
+    ).all()
+
+
+def _read_rows(svc: Services) -> _Rows:
     with svc.db.session() as s:
         learned = {r.name: r for r in s.scalars(select(ProfileState))}
         rows = list(s.scalars(select(Worker).where(Worker.deleted_at.is_(None))))
         counts = s.execute(
             select(Job.profile, Job.status, func.count())
-            .where(Job.status.in_(active_states))
+            .where(Job.status.in_(_ACTIVE_STATES))
             .group_by(Job.profile, Job.status)
         ).all()
         queued, oldest = s.execute(
-            select(func.count(), func.min(Job.created_at)).where(queued_ready)
+            select(func.count(), func.min(Job.created_at)).where(_queued_ready())
         ).one()
-        serving = sum(
-            1
-            for w in rows
-            if w.state in LIVE_WORKER_STATES and w.state != WorkerState.DRAINING.value
-        )
-        limit = min(rules.max_dispatch, serving)
-        dispatchable = (
-            list(
-                s.scalars(
-                    select(Job.id).where(queued_ready).order_by(Job.created_at, Job.id).limit(limit)
+        heads = _queued_heads(s) if queued else []
+        active = _active_jobs(s)
+        in_service: dict[str, int] = {}
+        needs: Sequence[Any] = ()
+        if active:
+            in_service = {
+                str(owner): int(n)
+                for owner, n in s.execute(
+                    select(Job.owner, func.count())
+                    .where(Job.status.in_(_ACTIVE_STATES))
+                    .group_by(Job.owner)
                 )
-            )
-            if limit and queued
-            else []
-        )
-        active = s.execute(
-            select(
-                Job.id,
-                Job.profile,
-                Job.status,
-                Job.worker_id,
-                Job.dispatched_at,
-                Job.duration_seconds,
-                Job.created_at,
-                Job.started_at,
-            )
-            .where(Job.status.in_(active_states))
-            .order_by(Job.dispatched_at, Job.id)
-            .limit(MAX_ACTIVE_JOBS)
-        ).all()
-        waiting = (
-            s.execute(
-                select(Job.id, Job.duration_seconds.label("duration"), Job.created_at)
-                .where(queued_ready)
-                .order_by(Job.created_at, Job.id)
-                .limit(MAX_WAITING_JOBS)
-            ).all()
-            if queued
-            else []
-        )
-        needs: list[Any] = []
-        if queued or active:
-            # What the jobs the plan may place ask of a profile (a bounded sample, oldest
-            # first): the waiting ones, whoever serves them, and the active ones it may
-            # re-route.
-            columns = (Job.id, Job.language, Job.task, Job.model, Job.diarize)
-            needs.extend(
-                s.execute(
-                    select(*columns)
-                    .where(queued_ready)
-                    .order_by(Job.created_at, Job.id)
-                    # Every job the plan may dispatch or size workers for.
-                    .limit(max(rules.max_dispatch, MAX_WAITING_JOBS))
-                ).all()
-            )
-            if active:
-                ids = [a.id for a in active]
-                needs.extend(s.execute(select(*columns).where(Job.id.in_(ids))).all())
+            }
+            ids = [a.id for a in active]
+            needs = s.execute(select(*_NEED_COLUMNS).where(Job.id.in_(ids))).all()
     return _Rows(
-        learned,
-        rows,
-        counts,
-        int(queued or 0),
-        oldest,
-        tuple(dispatchable),
-        active,
-        waiting,
-        needs,
+        learned=learned,
+        workers=rows,
+        counts=counts,
+        queued=int(queued or 0),
+        oldest_queued_at=oldest,
+        active=active,
+        heads=heads,
+        in_service=in_service,
+        needs=needs,
     )
 
 
