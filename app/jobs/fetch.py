@@ -30,7 +30,7 @@ from app.db import rows_changed
 from app.deadline import exchange_deadline
 from app.errors import Refused
 from app.jobs import service
-from app.jobs.io_slots import IoSlots, SlotsBusy
+from app.jobs.io_slots import FETCH_DEADLINE_SECONDS, IoSlots, SlotsBusy
 from app.models import Job, JobStatus
 from app.services import Services
 from app.urls import check_url, pinned_session
@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 FETCH_TIMEOUT = (5.0, 30.0)  # connect, read (each socket read)
 # The whole exchange: connect, headers and body (app/deadline.py enforces it; a read timeout
 # alone lets a server dripping bytes hold a worker for ever).
-FETCH_DEADLINE_SECONDS = 300
+# FETCH_DEADLINE_SECONDS: app/jobs/io_slots.py.
 
 # A fetch marks its job alive for as long as it may take (plus a retry's wait for a slot).
 ALIVE_KEY = "murmur:fetch:alive:"
