@@ -210,3 +210,14 @@ def resend_stranded(svc: Services) -> int:
 def _fail(svc: Services, job_id: str, code: str, message: str) -> None:
     if service.fail_fetch(svc.db, job_id, code, message, now=svc.clock()):
         service.announce_finished(svc.redis, svc.celery, service.get_job(svc.db, job_id))
+
+
+def give_up_waiting(svc: Services, job_id: str, waited: str, seconds: float) -> None:
+    """End a URL job whose fetch waited `seconds` (past io_slots.SLOT_WAIT_SECONDS) for what
+    `waited` names (a fetch slot, the audio store, name resolution), saying so."""
+    _fail(
+        svc,
+        job_id,
+        "url_fetch_failed",
+        f"the fetch waited {seconds:.0f} s for a free {waited} and gave up; submit the job again",
+    )
