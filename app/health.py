@@ -44,6 +44,15 @@ def readyz() -> Response:
         )
     except OSError as exc:
         checks["storage"] = f"failed: {type(exc).__name__}"
+    # The bucket of an S3 store: a cached probe (app/storage.py HEALTH_TTL_SECONDS), never one
+    # request to the bucket per /readyz.
+    if checks["storage"] == "ok":
+        try:
+            down = svc.storage.health()
+        except Exception as exc:
+            down = type(exc).__name__
+        if down is not None:
+            checks["storage"] = f"failed: {down}"
     # A dead control plane leaves jobs queued and idle GPUs billed while the API still
     # accepts work: not ready, and the answer says since when.
     try:

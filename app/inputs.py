@@ -157,6 +157,26 @@ def read_body(limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def _strict_loads(raw: bytes) -> Any:
+    """`raw` parsed; a key given twice in one object, at any depth, is `400 duplicate_field`."""
+    try:
+        return json.loads(raw, parse_constant=_refuse_constant, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as dup:
+        raise Refused(
+            "duplicate_field",
+            f"JSON field given more than once (send one value each): {shown_name(dup.key)}",
+        ) from None
+
+
+def refuse_duplicate_keys(raw: bytes) -> None:
+    """The one duplicate-key rule for a body another parser (pydantic) reads: a key given twice
+    is `400 duplicate_field`, as in `request_json`. Any other problem is left to that parser."""
+    try:
+        _strict_loads(raw)
+    except (ValueError, RecursionError):
+        return
+
+
 def request_json(limit: int = MAX_JSON_BYTES) -> Any:
     """The request body parsed as JSON, or ApiError 400 `invalid_json` (never a 500).
 
@@ -167,12 +187,7 @@ def request_json(limit: int = MAX_JSON_BYTES) -> Any:
     """
     raw = read_body(limit)
     try:
-        body = json.loads(raw, parse_constant=_refuse_constant, object_pairs_hook=_unique_keys)
-    except _DuplicateKey as dup:
-        raise Refused(
-            "duplicate_field",
-            f"JSON field given more than once (send one value each): {shown_name(dup.key)}",
-        ) from None
+        body = _strict_loads(raw)
     except (ValueError, RecursionError):
         raise ApiError(400, "invalid_json", "the request body is not a JSON object") from None
     problem = json_problem(body)

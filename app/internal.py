@@ -19,12 +19,13 @@ from app.auth import authenticate_worker
 from app.context import services
 from app.errors import ApiError
 from app.fleet import readiness
-from app.inputs import MAX_JSON_BYTES, json_problem, read_body
+from app.inputs import MAX_JSON_BYTES, json_problem, read_body, refuse_duplicate_keys
 from app.jobs import handover, service
 from gpu_worker.protocol import routes
 from gpu_worker.protocol.boot import BootFailure
 from gpu_worker.protocol.failure import Failure
 from gpu_worker.protocol.readiness import ReadyBody
+from gpu_worker.protocol.redaction import redact
 from gpu_worker.protocol.transcript import ResultBody
 
 internal_bp = Blueprint("internal", __name__, url_prefix=routes.INTERNAL_PREFIX)
@@ -57,6 +58,7 @@ class _Ready(ReadyBody):
 def _body(model: type[BaseModel], limit: int = MAX_JSON_BYTES) -> Any:
     # Only a result (a whole transcript) may be large; every other report is small.
     raw = read_body(limit)
+    refuse_duplicate_keys(raw)
     try:
         return model.model_validate_json(raw or b"{}")
     except ValidationError as exc:
@@ -155,9 +157,10 @@ def failure(worker_id: str, instance_id: str, job_id: str) -> Response:
     worker = authenticate_worker(worker_id, instance_id)
     body: Failure = _body(Failure)
     svc = services()
-    stored = service.store_failure(
-        svc.db, job_id, worker.id, body.code, body.message, now=svc.clock()
-    )
+    # Worker-supplied text, stored and shown to the job's owner: redacted on this side too
+    # (gpu_worker/protocol/redaction.py), so an old or buggy worker cannot store a secret.
+    message = redact(body.message)
+    stored = service.store_failure(svc.db, job_id, worker.id, body.code, message, now=svc.clock())
     if stored:
         service.announce_finished(svc.redis, svc.celery, service.get_job(svc.db, job_id))
     return jsonify({"stored": stored})

@@ -19,6 +19,8 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -85,6 +87,11 @@ class AudioStore(Protocol):
     def direct_url(self, key: str, expires_in: int) -> str | None:
         """A URL that reads `key` for `expires_in` seconds without the API, or None when
         this store has no such thing (the worker then goes through the signed API route)."""
+
+    def health(self) -> str | None:
+        """None when the store is usable, else why not: a cached answer, never one request to
+        the store per call (/readyz asks it on every probe)."""
+        ...
 
     def problems(self) -> list[str]:
         """Why this store cannot take audio now (unreachable, not writable); empty if it can."""
@@ -158,6 +165,9 @@ class LocalAudioStore:
             staged.unlink(missing_ok=True)  # a full disk leaves no partial file behind
             raise
 
+    def health(self) -> str | None:
+        return None  # the local disk's free space is /readyz's own check
+
     def direct_url(self, key: str, expires_in: int) -> str | None:
         return None
 
@@ -192,6 +202,13 @@ def _s3_errors() -> tuple[type[Exception], ...]:
 _MISSING = {"NoSuchKey", "404", "NotFound"}
 
 
+# How long a bucket's health (a one-object listing) is cached, and the longest the probe may
+# take: /readyz never makes more than one request to the bucket per this many seconds.
+HEALTH_TTL_SECONDS = 10.0
+# A hung operation's threads: they end with botocore's own timeouts, after the caller's answer.
+_S3_THREADS = 16
+
+
 class S3AudioStore:
     """Audio as objects in one bucket of an S3-compatible service (AWS, Scaleway, MinIO, Ceph).
 
@@ -215,6 +232,14 @@ class S3AudioStore:
         self._client: Any = None
         self._lock = threading.Lock()
         self._errors = _s3_errors()
+        # Every S3 operation answers within one overall deadline (`timeout_seconds`, retries
+        # and all): it runs on this pool and the caller waits no longer (issue 32 §3).
+        self._pool = ThreadPoolExecutor(_S3_THREADS, thread_name_prefix="s3")
+        self._health_lock = threading.Lock()
+        self._health: tuple[float, str | None] | None = None  # (monotonic time, problem)
+        # Until this monotonic time the bucket is known to hang: fail at once, not after
+        # another deadline (the cleanup after a failed upload, say).
+        self._hung_until = 0.0
 
     def __repr__(self) -> str:  # never the credentials
         return f"S3AudioStore(bucket={self.bucket!r}, endpoint={self._where()!r})"
@@ -267,6 +292,59 @@ class S3AudioStore:
         )
         return Refused("storage_unavailable", "the audio store is unavailable; retry shortly")
 
+    def _bounded(self, doing: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """`fn(*args, **kwargs)` within the store's deadline, else `storage_unavailable`; an
+        S3 error (`self._errors`) is raised as it is, for the caller to sort."""
+        if time.monotonic() < self._hung_until:
+            log.warning("audio store %s: %s skipped: the bucket hangs", self._where(), doing)
+            raise Refused("storage_unavailable", "the audio store is unavailable; retry shortly")
+        future = self._pool.submit(fn, *args, **kwargs)
+        try:
+            return future.result(timeout=self._storage.timeout_seconds)
+        except FutureTimeout:
+            future.cancel()
+            self._hung_until = time.monotonic() + HEALTH_TTL_SECONDS
+            # One assignment (atomic): health() may be the caller, holding its lock.
+            self._health = (time.monotonic(), f"{doing} got no answer in time")
+            log.warning(
+                "audio store %s: %s got no answer within %s s",
+                self._where(),
+                doing,
+                self._storage.timeout_seconds,
+            )
+            raise Refused(
+                "storage_unavailable", "the audio store is unavailable; retry shortly"
+            ) from None
+
+    def health(self) -> str | None:
+        """The bucket's health, probed (a one-object listing) at most once per
+        HEALTH_TTL_SECONDS; while one probe runs, other callers get the last answer."""
+        now = time.monotonic()
+        cached = self._health
+        if cached is not None and now - cached[0] < HEALTH_TTL_SECONDS:
+            return cached[1]
+        if not self._health_lock.acquire(blocking=False):
+            return cached[1] if cached is not None else None
+        try:
+            try:
+                self._bounded(
+                    "health probe",
+                    lambda: self.client.list_objects_v2(
+                        Bucket=self.bucket, Prefix=self.prefix, MaxKeys=1
+                    ),
+                )
+                problem = None
+            except Refused:
+                problem = f"bucket {self.bucket!r} got no answer in time"
+            except self._errors as exc:
+                problem = f"bucket {self.bucket!r}: {_error_code(exc) or type(exc).__name__}"
+            if problem is None:
+                self._hung_until = 0.0
+            self._health = (time.monotonic(), problem)
+            return problem
+        finally:
+            self._health_lock.release()
+
     def staging_path(self) -> Path:
         with full_is_refused():
             fd, name = tempfile.mkstemp(dir=self.staging)
@@ -287,8 +365,13 @@ class S3AudioStore:
 
     def commit(self, staged: Path, key: str) -> None:
         try:
-            self.client.upload_file(
-                str(staged), self.bucket, self._key(key), Config=self._transfer_config()
+            self._bounded(
+                "upload",
+                self.client.upload_file,
+                str(staged),
+                self.bucket,
+                self._key(key),
+                Config=self._transfer_config(),
             )
         except self._errors as exc:
             raise self._unavailable(exc, "upload") from None
@@ -297,15 +380,22 @@ class S3AudioStore:
 
     def copy_in(self, src: IO[bytes], key: str) -> None:
         try:
-            self.client.upload_fileobj(
-                src, self.bucket, self._key(key), Config=self._transfer_config()
+            self._bounded(
+                "upload",
+                self.client.upload_fileobj,
+                src,
+                self.bucket,
+                self._key(key),
+                Config=self._transfer_config(),
             )
         except self._errors as exc:
             raise self._unavailable(exc, "upload") from None
 
     def open(self, key: str) -> IO[bytes]:
         try:
-            body = self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"]
+            body = self._bounded(
+                "read", self.client.get_object, Bucket=self.bucket, Key=self._key(key)
+            )["Body"]
         except self._errors as exc:
             if _error_code(exc) in _MISSING:
                 raise _not_found(key) from None
@@ -314,7 +404,9 @@ class S3AudioStore:
 
     def size(self, key: str) -> int:
         try:
-            head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+            head = self._bounded(
+                "head", self.client.head_object, Bucket=self.bucket, Key=self._key(key)
+            )
         except self._errors as exc:
             if _error_code(exc) in _MISSING:
                 raise _not_found(key) from None
@@ -323,7 +415,9 @@ class S3AudioStore:
 
     def delete(self, key: str) -> None:
         try:
-            self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+            self._bounded(
+                "delete", self.client.delete_object, Bucket=self.bucket, Key=self._key(key)
+            )
         except self._errors as exc:
             if _error_code(exc) in _MISSING:
                 return

@@ -3,6 +3,8 @@ every holder, freed on exit, and freed by their lease when a holder dies without
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from contextlib import ExitStack
 from dataclasses import replace
@@ -34,13 +36,34 @@ def test_a_token_gets_its_bound_and_others_keep_theirs(clean_redis: redis.Redis)
         pass
 
 
-def test_a_slot_whose_holder_died_is_free_when_its_lease_ends(clean_redis: redis.Redis) -> None:
+_DYING_HOLDER = """
+import sys, time, redis
+from dataclasses import replace
+from app.config import IoSettings
+from app.jobs.io_slots import IoSlots
+slots = IoSlots(redis.Redis.from_url(sys.argv[1]), IoSettings(webhooks=1, webhooks_per_token=1))
+with slots.held(replace(slots.webhooks, lease_seconds=1.0), "alice"):
+    print("held", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_slot_whose_holder_died_is_free_when_its_lease_ends(
+    clean_redis: redis.Redis, redis_url: str
+) -> None:
     slots = IoSlots(clean_redis, IoSettings(webhooks=1, webhooks_per_token=1))
     short = replace(slots.webhooks, lease_seconds=1.0)
-    crashed = slots.held(short, "alice")
-    crashed.__enter__()  # a task killed mid-attempt: its `finally` never runs
-    with pytest.raises(SlotsBusy), slots.held(short, "bob"):
-        pass
+    # A task killed mid-attempt (SIGKILL): its `finally` never runs, its keeper dies with it.
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _DYING_HOLDER, redis_url], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with pytest.raises(SlotsBusy), slots.held(short, "bob"):
+            pass
+    finally:
+        holder.kill()
+        holder.wait(timeout=10)
     deadline = time.monotonic() + 30
     while True:
         try:
@@ -72,3 +95,21 @@ def test_waiting_tasks_back_off_with_jitter() -> None:
     waits = [busy_countdown(n) for n in range(12)]
     assert all(0 < w <= 30 for w in waits)
     assert busy_countdown(0) <= 1.0 and busy_countdown(10) >= 15.0
+
+
+def test_slots_lost_to_a_flush_are_rebuilt_by_their_holders(clean_redis: redis.Redis) -> None:
+    """Issue 32 §6: after a Redis FLUSHALL, running fetches lost their slot records and one
+    token ran twice its bound. Holders re-assert their slots, so the bound comes back."""
+    slots = IoSlots(clean_redis, IoSettings(fetches=4, fetches_per_token=2))
+    with ExitStack() as held:
+        held.enter_context(slots.held(slots.fetches, "alice"))
+        held.enter_context(slots.held(slots.fetches, "alice"))
+        clean_redis.flushdb()  # the test database only; FLUSHALL's effect on it
+        assert slots.in_use(slots.fetches, "alice") == 0
+        deadline = time.monotonic() + 10
+        while slots.in_use(slots.fetches, "alice") < 2:
+            assert time.monotonic() < deadline, "the flushed slots were never rebuilt"
+            time.sleep(0.05)
+        with pytest.raises(SlotsBusy), slots.held(slots.fetches, "alice"):
+            pass
+    assert slots.in_use(slots.fetches, "alice") == 0  # and freed on exit, as before

@@ -1,6 +1,7 @@
 """Boot policy: how long a profile's workers take to boot, when a worker has booted, and when
 a live worker is dead (boot timeout, a boot failure it reported, silence, an instance gone or
-stopped), which decides its profile's fate.
+stopped), which decides its profile's fate. An instance that ran and stopped before its worker
+was ever ready is a failed boot (`Death.BOOT_FAILED`), on every provider.
 
 Boot time is learned, not guessed: a profile's estimate is the p95 of its recent successful
 boots (request → ready, app/fleet/learned.py) × `rules.boot_margin`, at least
@@ -133,7 +134,12 @@ def death_of(
     if w.instance_id is not None and w.provider in state.inventory_known and inst is None:
         return died(Death.INSTANCE_GONE, "the provider no longer lists it")
     if inst is not None and is_stopped(inst.state) and w.booted_at is not None:
-        return died(Death.INSTANCE_STOPPED, f"the provider reports it {inst.state}")
+        said = f"{inst.state}, {inst.detail}" if inst.detail else inst.state
+        if w.state == WorkerState.BOOTING.value and w.ready_at is None:
+            # It ran and stopped before it was ever ready: a failed boot like one it reported
+            # (counted, its profile held, the job charged), whether or not its report arrived.
+            return died(Death.BOOT_FAILED, f"the instance stopped before it was ready ({said})")
+        return died(Death.INSTANCE_STOPPED, f"the provider reports it {said}")
     if (
         inst is not None
         and is_stopped(inst.state)

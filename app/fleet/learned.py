@@ -129,7 +129,13 @@ def compute_learned(
             .limit(BOOT_SAMPLES * 20)
         ).all()
         finished = s.execute(
-            select(Job.profile, Job.duration_seconds, Job.processing_seconds)
+            select(
+                Job.profile,
+                Job.duration_seconds,
+                Job.processing_seconds,
+                Job.started_at,
+                Job.finished_at,
+            )
             .where(
                 Job.status == JobStatus.SUCCEEDED.value,
                 Job.processing_seconds > 0,
@@ -151,11 +157,11 @@ def compute_learned(
         boots.setdefault(profile, []).append(max(0.0, (b - a).total_seconds()))
     audio: dict[str, float] = {}
     wall: dict[str, float] = {}
-    for name, duration, processing in finished:
+    for name, duration, processing, started, ended in finished:
         if name is None or duration is None or processing is None:
             continue
         audio[name] = audio.get(name, 0.0) + float(duration)
-        wall[name] = wall.get(name, 0.0) + float(processing)
+        wall[name] = wall.get(name, 0.0) + _bounded(float(processing), started, ended)
     return Learned(
         computed_at=now,
         boots={k: tuple(v) for k, v in boots.items()},
@@ -163,6 +169,16 @@ def compute_learned(
         arrivals=len(arrivals),
         images=dict(images or {}),
     )
+
+
+def _bounded(processing: float, started: datetime | None, ended: datetime | None) -> float:
+    """The worker's `processing_seconds`, at most the time from its claim to its result: the
+    figure is the worker's word, and a worker saying more would make the learned speed (and
+    so every plan) slower than the fleet is."""
+    a, b = as_utc(started), as_utc(ended)
+    if a is None or b is None:
+        return processing
+    return min(processing, max(0.0, (b - a).total_seconds()))
 
 
 def read_learned(

@@ -27,7 +27,7 @@ from app.db import Database
 from app.deadline import exchange_deadline
 from app.errors import Refused
 from app.jobs import service, webhooks
-from app.jobs.io_slots import IoSlots, SlotsBusy
+from app.jobs.io_slots import WEBHOOK_DEADLINE_SECONDS, IoSlots, SlotsBusy
 from app.models import Job, WebhookStatus
 from app.services import Clock
 from app.urls import check_url, pinned_session
@@ -38,7 +38,7 @@ WEBHOOK_TIMEOUT = (5.0, 10.0)
 # One attempt, connect to status line, ends well within the lease that keeps another deliverer
 # off it (app/jobs/webhooks.py LEASE, 60 s): an attempt never outlives its lease, so a slow
 # receiver is not sent the same attempt twice.
-WEBHOOK_DEADLINE_SECONDS = 20.0
+# WEBHOOK_DEADLINE_SECONDS: app/jobs/io_slots.py.
 SIGNATURE_HEADER = "X-Murmur-Signature"
 # One sweep attempts at most this many webhooks and starts none after this long: with every
 # receiver timing out, a sweep still ends well within a few beat intervals.

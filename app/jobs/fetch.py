@@ -30,7 +30,7 @@ from app.db import rows_changed
 from app.deadline import exchange_deadline
 from app.errors import Refused
 from app.jobs import service
-from app.jobs.io_slots import IoSlots, SlotsBusy
+from app.jobs.io_slots import FETCH_DEADLINE_SECONDS, IoSlots, SlotsBusy
 from app.models import Job, JobStatus
 from app.services import Services
 from app.urls import check_url, pinned_session
@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 FETCH_TIMEOUT = (5.0, 30.0)  # connect, read (each socket read)
 # The whole exchange: connect, headers and body (app/deadline.py enforces it; a read timeout
 # alone lets a server dripping bytes hold a worker for ever).
-FETCH_DEADLINE_SECONDS = 300
+# FETCH_DEADLINE_SECONDS: app/jobs/io_slots.py.
 
 # A fetch marks its job alive for as long as it may take (plus a retry's wait for a slot).
 ALIVE_KEY = "murmur:fetch:alive:"
@@ -210,3 +210,14 @@ def resend_stranded(svc: Services) -> int:
 def _fail(svc: Services, job_id: str, code: str, message: str) -> None:
     if service.fail_fetch(svc.db, job_id, code, message, now=svc.clock()):
         service.announce_finished(svc.redis, svc.celery, service.get_job(svc.db, job_id))
+
+
+def give_up_waiting(svc: Services, job_id: str, waited: str, seconds: float) -> None:
+    """End a URL job whose fetch waited `seconds` (past io_slots.SLOT_WAIT_SECONDS) for what
+    `waited` names (a fetch slot, the audio store, name resolution), saying so."""
+    _fail(
+        svc,
+        job_id,
+        "url_fetch_failed",
+        f"the fetch waited {seconds:.0f} s for a free {waited} and gave up; submit the job again",
+    )

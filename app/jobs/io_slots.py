@@ -10,12 +10,16 @@ Invariants:
   live holder never loses it, and a holder that died (SIGKILL, a lost host) frees it when the
   lease ends: a crash never leaks a slot for good.
 - Work that finds no slot raises `SlotsBusy` before it has done anything; its task is retried a
-  little later (`busy_countdown`), never failed for it.
+  little later (`busy_countdown`) until its own wait deadline (`SLOT_WAIT_SECONDS`).
+- A holder re-asserts its slot every `REFRESH_SECONDS` while it holds it, so slot records lost
+  to a Redis FLUSHALL or a restart without persistence are rebuilt within that time: a token
+  can exceed its bound only for that long, not for a whole fetch (issue 32 §6).
 """
 
 from __future__ import annotations
 
 import random
+import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,6 +30,17 @@ import redis
 from app.config import IoSettings
 
 KEY_PREFIX = "murmur:io:"
+
+# The whole exchange of one URL fetch (app/jobs/fetch.py) and of one webhook attempt
+# (app/jobs/delivery.py): app/deadline.py enforces them. Here, since the slot leases are built
+# on them and both modules import this one.
+FETCH_DEADLINE_SECONDS = 300
+WEBHOOK_DEADLINE_SECONDS = 20.0
+# How often a holder re-asserts its slot (rebuilding records Redis lost).
+REFRESH_SECONDS = 1.0
+# How long a fetch or a webhook attempt waits for a slot (or for the audio store) in all,
+# retried with `busy_countdown`, before the job (or the attempt) fails saying why.
+SLOT_WAIT_SECONDS = 1800.0
 
 # Takes one slot in KEYS[1] (the kind's total) and KEYS[2] (the token's) if both have room.
 # ARGV: total bound, token bound, lease seconds, slot id. Expired slots are dropped first.
@@ -42,6 +57,19 @@ redis.call('ZADD', KEYS[2], t + lease, ARGV[4])
 local keep = math.ceil(lease * 1000) + 1000
 redis.call('PEXPIRE', KEYS[1], keep)
 redis.call('PEXPIRE', KEYS[2], keep)
+return 1
+"""
+
+# Re-asserts a held slot: ARGV lease seconds, slot id. Adds it back if Redis lost it.
+_KEEP = """
+local now = redis.call('TIME')
+local t = tonumber(now[1]) + tonumber(now[2]) / 1000000
+local lease = tonumber(ARGV[1])
+local keep = math.ceil(lease * 1000) + 1000
+for _, key in ipairs(KEYS) do
+  redis.call('ZADD', key, t + lease, ARGV[2])
+  redis.call('PEXPIRE', key, keep)
+end
 return 1
 """
 
@@ -66,12 +94,9 @@ class IoSlots:
     """The shared fetch and webhook bounds of the settings, kept in `r`."""
 
     def __init__(self, r: redis.Redis, settings: IoSettings) -> None:
-        # Imported here: both modules import this one for `SlotsBusy`.
-        from app.jobs.delivery import WEBHOOK_DEADLINE_SECONDS
-        from app.jobs.fetch import FETCH_DEADLINE_SECONDS
-
         self._redis = r
         self._take = r.register_script(_TAKE)
+        self._keep = r.register_script(_KEEP)
         # The lease outlasts the deadline by a margin: the watchdog's last shot, then the
         # settling of the result, happen after the deadline itself.
         self.fetches = Bound(
@@ -96,14 +121,32 @@ class IoSlots:
             raise SlotsBusy(bound.kind) from exc
         if not taken:
             raise SlotsBusy(bound.kind)
+        done = threading.Event()
+        keeper = threading.Thread(
+            target=self._keep_while,
+            args=(done, keys, bound.lease_seconds, slot),
+            name=f"io-slot-{bound.kind}",
+            daemon=True,
+        )
+        keeper.start()
         try:
             yield
         finally:
+            done.set()
+            keeper.join(timeout=5.0)
             try:
                 for key in keys:
                     self._redis.zrem(key, slot)
             except redis.RedisError:
                 pass  # the lease frees it
+
+    def _keep_while(self, done: threading.Event, keys: list[str], lease: float, slot: str) -> None:
+        """Re-assert the slot every REFRESH_SECONDS until `done`: a flushed record comes back."""
+        while not done.wait(REFRESH_SECONDS):
+            try:
+                self._keep(keys=keys, args=[lease, slot])
+            except redis.RedisError:
+                continue  # Redis away: the lease (or the next try) covers it
 
     def in_use(self, bound: Bound, owner: str | None = None) -> int:
         """Slots of `bound` held now, in all or by `owner` (expired ones not counted)."""

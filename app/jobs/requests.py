@@ -182,7 +182,9 @@ def _language(value: Any, info: ValidationInfo) -> Any:
     known = _deployment(info)
     if value is None or value == "":
         return known.default_language
-    if not isinstance(value, str) or value.lower() not in WHISPER_LANGUAGES:
+    # ASCII-only before lower-casing: `str.lower()` maps U+212A KELVIN SIGN to "k", so
+    # "\u212aa" would pass as "ka".
+    if not isinstance(value, str) or not value.isascii() or value.lower() not in WHISPER_LANGUAGES:
         raise Refused(
             "invalid_language",
             f"language {value!r} is not an ISO 639-1 code Whisper knows (e.g. 'en', 'fr')",

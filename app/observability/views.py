@@ -20,7 +20,8 @@ from app.auth import authenticate_worker, bearer_token, require_admin_token
 from app.config import scrape_token_problem
 from app.context import Services, services
 from app.credentials import constant_time_in
-from app.errors import ApiError
+from app.errors import ApiError, Refused
+from app.inputs import refuse_duplicate_keys
 from app.jobs import service
 from app.models import Worker, iso
 from app.observability import store
@@ -75,6 +76,10 @@ def _read_bounded(svc: Services) -> bytes:
 
 
 def _parse(svc: Services, raw: bytes) -> UsageReport:
+    try:
+        refuse_duplicate_keys(raw)
+    except Refused as dup:
+        raise _reject(svc, "invalid_body", ApiError(400, dup.code, dup.message)) from None
     try:
         return UsageReport.model_validate_json(raw)
     except ValidationError as exc:

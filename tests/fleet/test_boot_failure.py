@@ -145,3 +145,41 @@ def test_the_report_script_posts_the_failure_with_the_credential(tmp_path: Path)
     assert '"stage": "runtime_rejected"' in refused
     crashed = run("exited", SERVICE_RESULT="exit-code", EXIT_CODE="killed", EXIT_STATUS="9")
     assert '"stage": "container_exited"' in crashed
+
+
+def test_an_instance_that_stops_before_ready_is_a_failed_boot(make_fleet: MakeFleet) -> None:
+    """Issue 32 §2: a worker that exits at start, its report lost, must not loop.
+
+    Before: `instance stopped`, uncounted, unheld, the job not charged; the fleet booted a
+    replacement every round (66 in 300 s) and the jobs stayed queued with 0 attempts.
+    """
+    fleet = make_fleet(
+        [L4], fleet={"boot_timeout_seconds": 900.0, "max_failed_boots": 3, "max_attempts": 1}
+    )
+    fleet.add_jobs(1)
+    fleet.reconcile()
+    fleet.reconcile(advance=5)
+    (booting,) = fleet.workers(WorkerState.BOOTING.value)
+    with fleet.db.session() as s:
+        row = s.get(Worker, booting.id)
+        assert row is not None and row.booted_at is not None  # the provider saw it running
+    assert fleet.emulator is not None and booting.instance_id is not None
+    fleet.emulator.set_state(booting.instance_id, "stopped")  # it exited before ready
+    fleet.reconcile(advance=5)
+    with fleet.db.session() as s:
+        row = s.get(Worker, booting.id)
+        assert row is not None and Death.of(row.error) is Death.BOOT_FAILED
+        assert "stopped before it was ready" in (row.error or "")
+    state = fleet.profile_state("l4-par2")
+    assert state is not None and state.consecutive_failed_boots == 1
+    assert state.retry_at is not None  # held with the back-off, as a reported failure is
+    # Charged to the job: with max_attempts 1 it ends failed, saying why.
+    (job,) = fleet.jobs()
+    assert job.attempts == 1
+    assert job.status == JobStatus.FAILED.value and job.error_code == "worker_boot_failed"
+    # No replacement while held.
+    fleet.reconcile(advance=5)
+    live = fleet.workers(
+        WorkerState.REQUESTED.value, WorkerState.CREATING.value, WorkerState.BOOTING.value
+    )
+    assert live == []

@@ -30,6 +30,7 @@ with open(out + ".tmp", "w") as f:
     json.dump(dict(os.environ), f)
 os.replace(out + ".tmp", out)
 if mode == "exit":
+    print("worker: cannot load model, HF_TOKEN=hf_leakme123 refused", flush=True)
     sys.exit(3)
 while True:
     time.sleep(0.05)
@@ -135,8 +136,15 @@ def test_a_profile_worker_python_runs_its_worker(
             ]
             for i in (diarizing, plain)
         }
-        assert psutil.Process(pids["wrk_p"]).cmdline() == [str(python), *fake_worker[1:]]
-        assert psutil.Process(pids["wrk_q"]).cmdline() == fake_worker
+
+        # The recorded pid is the shell that records the worker's exit status; the worker is
+        # its child.
+        def worker_cmdline(pid: int) -> list[str]:
+            (child,) = psutil.Process(pid).children()
+            return list(child.cmdline())
+
+        assert worker_cmdline(pids["wrk_p"]) == [str(python), *fake_worker[1:]]
+        assert worker_cmdline(pids["wrk_q"]) == fake_worker
     finally:  # whatever was started, even when the second create fails
         for instance in created:
             provider.delete(instance.instance_id, instance.resources)
@@ -200,7 +208,15 @@ def test_a_worker_that_exited_is_reported_stopped(
         return found is not None and found.state == "stopped"
 
     wait_for(stopped, "the exited worker to show as stopped")
+    # It says why (issue 32 §2): its exit code and its last log line, redacted.
+    found = provider.get(instance.instance_id, {})
+    assert found is not None
+    assert found.detail.startswith("the worker process exited with code 3: worker: cannot load")
+    assert "hf_leakme123" not in found.detail
+    (listed,) = provider.list_by_tag(frozenset())
+    assert listed.detail == found.detail
     assert provider.delete(instance.instance_id, instance.resources).confirmed
+    assert list((tmp_path / "state").glob(f"{instance.instance_id}*")) == []
     assert provider.list_by_tag(frozenset()) == []
 
 

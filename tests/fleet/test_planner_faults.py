@@ -74,11 +74,11 @@ CASES = [
         expect={"dead w1 (out of stock)", "delete w1 (out of stock)"},
     ),
     Case(
-        "stopped after it booted: instance stopped, not stock",
+        "ran, then stopped before it was ready: a failed boot, not stock (issue 32 §2)",
         [prof(A)],
         workers=[booting("w1", booted_at=ago(30))],  # type: ignore[list-item]
         inventory=[stopped("w1", "")],
-        expect={"dead w1 (instance stopped)", "delete w1 (instance stopped)"},
+        expect={"dead w1 (boot failed)", "delete w1 (boot failed)"},
     ),
     Case(
         "still starting: nothing yet",
@@ -157,9 +157,14 @@ def test_only_a_stop_before_boot_is_a_capacity_death() -> None:
     (mark,) = [a for a in plan_fleet(build(case)).actions if isinstance(a, MarkDead)]
     assert mark.capacity and not mark.failed_boot
     assert "out of stock" in mark.reason
-    after_boot = next(c for c in CASES if c.name.startswith("stopped after it booted"))
+    after_boot = next(c for c in CASES if c.name.startswith("ran, then stopped"))
     (mark,) = [a for a in plan_fleet(build(after_boot)).actions if isinstance(a, MarkDead)]
     assert not mark.capacity
+    # ...and a failed boot, confirmed (one holds the profile, the job is charged): before
+    # issue 32 §2 it was an uncounted `instance stopped`, and a worker that exits at start
+    # was replaced again and again (66 boots in 300 s, jobs queued with 0 attempts).
+    assert mark.failed_boot and mark.death.confirmed
+    assert "stopped before it was ready" in mark.reason
 
 
 def test_a_boot_timeout_is_a_failed_boot() -> None:

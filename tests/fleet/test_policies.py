@@ -362,3 +362,25 @@ def test_a_new_worker_image_is_learned_anew(db: Database, redis_url: str) -> Non
     assert boots(rolled + timedelta(minutes=5), new, note=True) == (300.0,)
     # And it stays learned from the new image's boots only, across restarts (Redis holds it).
     assert boots(rolled + timedelta(minutes=10), new, note=True) == (300.0,)
+
+
+def test_a_worker_s_processing_seconds_is_bounded_by_its_claim_to_result(db: Database) -> None:
+    """Issue 32 §6: a lying worker said 10 years; the learned speed must not believe it."""
+    with db.session() as s:
+        for took in (3e8, 60.0):
+            s.add(
+                Job(
+                    owner="t",
+                    source="upload",
+                    audio_key="x",
+                    status=JobStatus.SUCCEEDED.value,
+                    profile="l4",
+                    duration_seconds=600.0,
+                    processing_seconds=took,
+                    created_at=ago(200),
+                    started_at=ago(160),
+                    finished_at=ago(100),  # claimed 60 s before its result
+                )
+            )
+    learned = compute_learned(db, NOW)
+    assert learned.speed == {"l4": 10.0}  # 1200 s of audio in 2 x 60 s

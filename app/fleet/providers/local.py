@@ -6,6 +6,11 @@ and pyannote, say), else the control worker's own interpreter. Each instance is 
 state directory (`var/local-instances/<id>.json`: pid and process start time), so a restarted
 control worker still lists and deletes it. Delete sends SIGTERM to the group, SIGKILL after a
 grace period, and confirms nothing is left.
+The worker runs under a small `/bin/sh` that writes its exit status to `<id>.exit` when it ends,
+so an instance that stopped says why (`Instance.detail`: the exit code or signal and the last
+line of its log, redacted), even to a control worker restarted since; a worker that stopped
+before it was ready is then a failed boot with that reason (app/fleet/boot_policy.py).
+
 Stock can be simulated per profile (`MURMUR_LOCAL_OUT_OF_STOCK=a,b`) to watch the fallback: such
 a profile's stock hint is `shortage` (the fleet then never asks to create), and a create asked
 anyway answers out of stock.
@@ -39,6 +44,7 @@ from app.fleet.providers.base import (
     Teardown,
 )
 from gpu_worker.protocol.environment import CPU_THREADS_VAR, DRAIN_TIMEOUT_VAR
+from gpu_worker.protocol.redaction import clean_log_line
 
 log = logging.getLogger("murmur.fleet.local")
 
@@ -53,6 +59,11 @@ _INHERITED_WORKER_VARS = frozenset({CPU_THREADS_VAR, DRAIN_TIMEOUT_VAR})
 
 LOCAL_TERM_GRACE_SECONDS = 30.0
 LOCAL_DRAIN_TIMEOUT_SECONDS = 20.0
+# Runs the worker (`"$@"`) and records its exit status in the file named by `$0`; a status
+# over 128 is a signal's (the shell's convention).
+_EXIT_RECORDER = 'status=0; "$@" || status=$?; echo "$status" > "$0.tmp" && mv "$0.tmp" "$0"'
+# How much of the log's end is read for its last line.
+_LOG_TAIL_BYTES = 4096
 
 
 def out_of_stock_from_env(env: Mapping[str, str]) -> frozenset[str]:
@@ -159,13 +170,29 @@ class LocalProvider:
         return False
 
     def _instance(self, record: Mapping[str, Any]) -> Instance:
+        alive = self._alive(record)
         return Instance(
             instance_id=record["instance_id"],
-            state=InstanceState.RUNNING if self._alive(record) else InstanceState.STOPPED,
+            state=InstanceState.RUNNING if alive else InstanceState.STOPPED,
             worker_id=record.get("worker_id"),
             profile=record.get("profile"),
             resources={"worker_id": record.get("worker_id")},
+            detail="" if alive else self._exit_detail(record["instance_id"]),
         )
+
+    def _exit_detail(self, instance_id: str) -> str:
+        """Why a stopped worker stopped: its exit status and the last line of its log."""
+        try:
+            code = int((self._dir / f"{instance_id}.exit").read_text().strip())
+        except (OSError, ValueError):
+            said = "the worker process ended; its exit status is unknown"
+        else:
+            if code > 128:
+                said = f"the worker process was killed by signal {code - 128}"
+            else:
+                said = f"the worker process exited with code {code}"
+        last = _last_line(self._dir / f"{instance_id}.log")
+        return clean_log_line(f"{said}: {last}" if last else said)
 
     def _command_for(self, profile: Profile) -> list[str]:
         """The worker's command line: the profile's interpreter, when it names one."""
@@ -188,10 +215,16 @@ class LocalProvider:
         self._dir.mkdir(parents=True, exist_ok=True)
         log_path = self._dir / f"{instance_id}.log"
         command = self._command_for(profile)
+        if not os.access(command[0], os.X_OK) or os.path.isdir(command[0]):
+            # Said here, as Popen would have: under the shell it would only be exit code 127.
+            raise ProviderUnavailable(
+                f"local: cannot start the worker ({command[0]}): not an executable file"
+            )
+        exit_path = self._dir / f"{instance_id}.exit"
         try:
             with open(log_path, "ab") as out:
                 proc = subprocess.Popen(
-                    command,
+                    ["/bin/sh", "-c", _EXIT_RECORDER, str(exit_path), *command],
                     env=child_environment(os.environ, environment),
                     stdin=subprocess.DEVNULL,
                     stdout=out,
@@ -266,11 +299,24 @@ class LocalProvider:
                 return Teardown(False, resources, f"pid {pid} still running after SIGTERM")
         with contextlib.suppress(OSError):
             self._path(instance_id).unlink()
-        with contextlib.suppress(OSError):
-            (self._dir / f"{instance_id}.log").unlink()
+        for suffix in (".log", ".exit"):
+            with contextlib.suppress(OSError):
+                (self._dir / f"{instance_id}{suffix}").unlink()
         return Teardown(True)
 
     @staticmethod
     def _signal(pid: int, sig: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, sig)
+
+
+def _last_line(path: Path) -> str:
+    """The last non-empty line of a log file, or "" when there is none to read."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - _LOG_TAIL_BYTES))
+            tail = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
