@@ -65,3 +65,37 @@ def test_the_batched_first_pass_and_whisperx_share_one_rule():
 )
 def test_a_clients_temperature_becomes_the_first_of_the_fallback_list(temperature, expected):
     assert DECODING.with_first_temperature(temperature).temperatures == pytest.approx(expected)
+
+
+def test_whisperx_gets_the_rule_under_faster_whispers_own_option_names():
+    import inspect
+
+    from faster_whisper.transcribe import TranscriptionOptions
+
+    from gpu_worker.transcriber import WhisperXSettings
+
+    settings = WhisperXSettings(
+        device="cuda",
+        compute_type="float16",
+        vad="silero",
+        alignment_device="none",
+        batch_size=8,
+        cpu_threads=0,
+    )
+    options = settings.load_model_kwargs(english_only=False)["asr_options"]
+    assert options == DECODING.asr_options()
+    # WhisperX builds faster-whisper's TranscriptionOptions from these: a wrong name fails there.
+    assert set(options) <= set(inspect.signature(TranscriptionOptions).parameters)
+
+
+def test_the_sequential_first_pass_options_are_faster_whispers_transcribe_arguments():
+    import inspect
+
+    from faster_whisper import BatchedInferencePipeline, WhisperModel
+
+    for method in (WhisperModel.transcribe, BatchedInferencePipeline.transcribe):
+        accepted = set(inspect.signature(method).parameters)
+        assert set(DECODING.first_pass()) <= accepted
+        assert set(DECODING.redecode()) <= set(
+            inspect.signature(WhisperModel.transcribe).parameters
+        )
