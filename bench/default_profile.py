@@ -3,7 +3,9 @@ faster-whisper on the same model and file.
 
 Murmur's path is what the `local-cpu` profile's worker runs for a job without a language:
 `decode_bounded`, `FasterWhisperTranscriber.transcribe` at the profile's batch size
-(faster-whisper's BatchedInferencePipeline, language detected) and `Transcript.to_json()`.
+(faster-whisper's BatchedInferencePipeline, language detected, word times computed as the
+worker does for every job, looped segments decoded again) and `Transcript.to_json()`; the
+same path without word times is timed too, for what word times cost.
 The baseline is `WhisperModel.transcribe` on the file with the same beam and VAD, language
 detected too, segments materialised. Both use the model files the worker verifies (Whisper
 base assembled from its two wheels), runs alternate, and the medians are compared: the
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import re
 import statistics
 import sys
@@ -82,6 +85,13 @@ def main() -> int:
     )
 
     def murmur(path: Path) -> tuple[str, str | None]:
+        # As the worker runs every job since issue 33: with word times (gpu_worker/jobs.py).
+        samples = decode_bounded(str(path), DEFAULT_MAX_AUDIO_SECONDS)
+        transcript = batched.transcribe(samples, language=None, prompt=None, word_timestamps=True)
+        transcript.to_json()
+        return transcript.text, transcript.language
+
+    def murmur_without_words(path: Path) -> tuple[str, str | None]:
         samples = decode_bounded(str(path), DEFAULT_MAX_AUDIO_SECONDS)
         transcript = batched.transcribe(samples, language=None, prompt=None, word_timestamps=False)
         transcript.to_json()
@@ -103,21 +113,29 @@ def main() -> int:
 
     if not args.smoke:
         murmur(args.audio), bare(args.audio)  # warm-up: first-call allocations, VAD session
-    murmur_times, bare_times = [], []
+    murmur_times, bare_times, plain_times = [], [], []
     for _ in range(args.runs):
         bare_times.append(timed(bare))
         murmur_times.append(timed(murmur))
+        plain_times.append(timed(murmur_without_words))
     murmur_median, bare_median = statistics.median(murmur_times), statistics.median(bare_times)
+    plain_median = statistics.median(plain_times)
     print(
         f"audio: {args.audio.name}, {profile.model} {profile.compute_type}, "
-        f"{args.cpu_threads} threads, language detected"
+        f"{args.cpu_threads} threads, language detected, load average {os.getloadavg()}"
     )
     print(f"bare sequential median {bare_median:.3f} s  runs {[round(t, 3) for t in bare_times]}")
     print(
         f"murmur batch {profile.batch_size} median {murmur_median:.3f} s  "
         f"runs {[round(t, 3) for t in murmur_times]}"
     )
+    print(
+        f"murmur without word times median {plain_median:.3f} s  "
+        f"runs {[round(t, 3) for t in plain_times]}"
+    )
     print(f"throughput: {bare_median / murmur_median:.2f}x (target >= 1.6)")
+    print(f"throughput without word times: {bare_median / plain_median:.2f}x")
+    print(f"word times cost: {murmur_median / plain_median:.2f}x the time without them")
 
     failed = False
     # A smoke run scores nothing: the timed runs above already checked the text.

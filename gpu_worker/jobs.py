@@ -201,7 +201,10 @@ def _transcribe(
             samples,
             language=claim.language,
             prompt=claim.prompt,
-            word_timestamps=claim.word_timestamps,
+            # Always: subtitle cues are built from word times whether or not the client asked
+            # for words (the API returns them only to a client that did), and the sequential
+            # path's hallucination_silence_threshold reads them.
+            word_timestamps=True,
             checkpoint=checkpoint,
             task=claim.task,
             **_decoding(claim),
@@ -244,4 +247,4 @@ def _diarize(
         raise JobFailure(
             "diarization_failed", f"diarization failed: {type(exc).__name__}: {exc}"
         ) from None
-    return assign_speakers(transcript, turns, words=claim.word_timestamps)
+    return assign_speakers(transcript, turns, words=True)

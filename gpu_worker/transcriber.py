@@ -24,6 +24,7 @@ from faster_whisper.transcribe import Segment as WhisperSegment
 from gpu_worker.manifest import VerifiedAsset
 from gpu_worker.protocol.capabilities import Task
 from gpu_worker.protocol.transcript import Segment, Transcript, Word, measured
+from gpu_worker.repetition import looped
 from gpu_worker.runtime import RuntimeProfile
 from gpu_worker.transcript import join_text, monotonic_words
 from gpu_worker.windows import shifted, window_bounds
@@ -40,7 +41,6 @@ Backend = Literal["faster-whisper", "whisperx"]
 Checkpoint = Callable[[], None]
 
 SAMPLE_RATE = 16000
-BEAM_SIZE = 5
 # WhisperX's own VAD defaults (onset 0.5, 30 s chunks), passed explicitly.
 VAD_ONSET = 0.5
 CHUNK_SECONDS = 30
@@ -52,6 +52,73 @@ WINDOW_SECONDS = 600
 # A window ends at the quietest 100 ms of its last few seconds, so a word is not cut in two.
 CUT_SEARCH_SECONDS = 5.0
 CUT_FRAME_SECONDS = 0.1
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """How every profile decodes: the one rule for both backends (docs/runtime.md, "Decoding").
+
+    The first pass decodes at `temperatures[0]` with beam search; the sequential path falls
+    back through `temperatures` when a window's compression ratio or average log-probability
+    crosses its threshold, and skips hallucinations in silence (`hallucination_silence_threshold`,
+    which needs word times: the worker always computes them). The batched paths
+    (faster-whisper's BatchedInferencePipeline, WhisperX) honour only the first temperature and
+    report no fallback, so a segment that comes back looped (gpu_worker/repetition.py) is
+    decoded again, alone, on the sequential path: its own VAD-bounded span, no earlier text,
+    `redecode_no_repeat_ngram_size` forbidding any repeated word run, and fallback judged by
+    compression only (this audio already failed the log-probability test once).
+    """
+
+    beam_size: int = 5
+    temperatures: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+    compression_ratio_threshold: float = 2.4
+    log_prob_threshold: float = -1.0
+    no_speech_threshold: float = 0.6
+    hallucination_silence_threshold: float = 2.0
+    redecode_no_repeat_ngram_size: int = 3
+
+    def first_pass(self) -> dict[str, Any]:
+        """faster-whisper `transcribe` options of the first decoding (either path)."""
+        return {
+            "beam_size": self.beam_size,
+            "temperature": list(self.temperatures),
+            "compression_ratio_threshold": self.compression_ratio_threshold,
+            "log_prob_threshold": self.log_prob_threshold,
+            "no_speech_threshold": self.no_speech_threshold,
+            # Conditioning on earlier text lets one looped window poison every later one.
+            "condition_on_previous_text": False,
+        }
+
+    def redecode(self) -> dict[str, Any]:
+        """Options of the sequential re-decoding of one looped segment's span."""
+        return {
+            **self.first_pass(),
+            "log_prob_threshold": None,
+            "no_repeat_ngram_size": self.redecode_no_repeat_ngram_size,
+            "vad_filter": False,  # the span is already a VAD chunk; clip_timestamps bound it
+        }
+
+    def asr_options(self) -> dict[str, Any]:
+        """WhisperX's `asr_options` (faster-whisper's TranscriptionOptions field names)."""
+        options = self.first_pass()
+        options["temperatures"] = options.pop("temperature")
+        return options
+
+    def with_first_temperature(self, temperature: float | None) -> Decoding:
+        """This rule starting at a client's `temperature` in [0, 1] (None keeps the default).
+
+        The fallback list keeps its steps above the client's value: 0.3 gives
+        (0.3, 0.4, 0.6, 0.8, 1.0); 1.0 gives (1.0,), a fixed temperature.
+        """
+        if temperature is None:
+            return self
+        higher = tuple(t for t in self.temperatures if t > temperature)
+        return replace(self, temperatures=(temperature, *higher))
+
+
+DECODING = Decoding()
+# Kept for the benches that compare against bare faster-whisper at the same beam.
+BEAM_SIZE = DECODING.beam_size
 
 
 class UnsupportedLanguage(ValueError):
@@ -197,6 +264,67 @@ def _collect(
     return collected
 
 
+def redecoded(
+    model: WhisperModel,
+    samples: npt.NDArray[np.float32],
+    span: tuple[float, float],
+    options: dict[str, Any],
+) -> list[WhisperSegment]:
+    """One looped span of `samples` decoded again on the sequential path (`Decoding.redecode`).
+
+    `options` are the job's first-pass options with the language it was decoded in; the
+    span's segments come back in the times of `samples`.
+    """
+    start, end = span
+    again = {
+        **options,
+        **DECODING.redecode(),
+        "initial_prompt": None,  # a prompt can be what the loop repeats
+        "clip_timestamps": [start, end],
+    }
+    # No hallucination_silence_threshold here: on a short span it skips leading words as
+    # "silence before a hallucination" (it cut "Good morning" off the demo's translation).
+    again.pop("hallucination_silence_threshold", None)
+    pieces, _info = model.transcribe(samples, **again)
+    return [piece for piece in pieces if piece.end > start and piece.start < end]
+
+
+def unlooped(
+    model: WhisperModel,
+    samples: npt.NDArray[np.float32],
+    segments: list[WhisperSegment],
+    options: dict[str, Any],
+    checkpoint: Checkpoint | None,
+) -> list[WhisperSegment]:
+    """`segments` with each looped one (gpu_worker/repetition.py) replaced by its re-decoding."""
+    kept: list[WhisperSegment] = []
+    for index, segment in enumerate(segments):
+        if not looped(
+            segment.text, segment.compression_ratio, DECODING.compression_ratio_threshold
+        ):
+            kept.append(segment)
+            continue
+        log.info("segment %.1f-%.1f s looped; decoding it again", segment.start, segment.end)
+        if checkpoint is not None:
+            checkpoint()
+        kept.extend(redecoded(model, samples, gap_span(segments, index, samples), options))
+    return kept
+
+
+def gap_span(
+    segments: list[Any], index: int, samples: npt.NDArray[np.float32]
+) -> tuple[float, float]:
+    """The audio between segment `index`'s neighbours: its whole VAD chunk, not the part its
+    word times cover (word times end at the last word decoded, which in a loop is not the
+    last word spoken)."""
+    start = float(segments[index - 1].end) if index > 0 else 0.0
+    if index + 1 < len(segments):
+        end = float(segments[index + 1].start)
+    else:
+        end = samples.shape[0] / SAMPLE_RATE
+    return min(start, float(segments[index].start)), max(end, float(segments[index].end))
+
+
 def _segments_from_faster_whisper(segments: list[WhisperSegment]) -> list[Segment]:
     return [
         Segment(
@@ -272,25 +400,22 @@ class FasterWhisperTranscriber:
         if samples.size == 0:
             return _empty(language or "en")
         options: dict[str, Any] = {
+            **DECODING.with_first_temperature(temperature).first_pass(),
             "language": language,
             "task": task,
             "initial_prompt": prompt or None,
-            "beam_size": BEAM_SIZE,
             "word_timestamps": word_timestamps,
             # Silero VAD (faster-whisper's bundled ONNX) skips silence, so silence yields no
             # segments instead of hallucinated text; a job may turn it off.
             "vad_filter": vad_filter,
-            # Like WhisperX: conditioning on earlier text lets one bad segment poison the
-            # rest of a long file with repetition loops.
-            "condition_on_previous_text": False,
         }
-        if temperature is not None:
-            options["temperature"] = temperature
+        if word_timestamps:
+            # It reads word times; faster-whisper ignores it without them.
+            options["hallucination_silence_threshold"] = DECODING.hallucination_silence_threshold
         if samples.shape[0] > WINDOW_SECONDS * SAMPLE_RATE:
             return self._windowed(samples, options, checkpoint)
-        pieces, info = self._run(samples, options)
-        # The generator does the work; materialise it here, inside the timed call.
-        segments = _segments_from_faster_whisper(_collect(pieces, checkpoint))
+        found, info = self._decode(samples, options, checkpoint)
+        segments = _segments_from_faster_whisper(found)
         return Transcript(
             text=join_text(segments),
             language=info.language,
@@ -299,6 +424,20 @@ class FasterWhisperTranscriber:
             duration=float(info.duration),
             segments=segments,
         )
+
+    def _decode(
+        self,
+        samples: npt.NDArray[np.float32],
+        options: dict[str, Any],
+        checkpoint: Checkpoint | None,
+    ) -> tuple[list[WhisperSegment], Any]:
+        """Decode `samples` (one call or one window), looped segments decoded again."""
+        pieces, info = self._run(samples, options)
+        # The generator does the work; materialise it here, inside the timed call.
+        found = _collect(pieces, checkpoint)
+        # The language found holds for the re-decoding: it is not detected again on a span.
+        again = {**options, "language": info.language}
+        return unlooped(self.model, samples, found, again, checkpoint), info
 
     def _run(
         self, samples: npt.NDArray[np.float32], options: dict[str, Any]
@@ -338,8 +477,7 @@ class FasterWhisperTranscriber:
                 # one prompts every batch.
                 if self._batched is None:
                     options = {**options, "initial_prompt": None}
-            pieces, info = self._run(samples[start:end], options)
-            found = _collect(pieces, checkpoint)
+            found, info = self._decode(samples[start:end], options, checkpoint)
             if detected is None and (found or options["language"] is not None):
                 # The language found in the first speech holds for the rest, as in one call.
                 detected = info.language
@@ -395,6 +533,8 @@ class WhisperXSettings:
             "language": "en" if english_only else None,
             "vad_method": self.vad,
             "vad_options": {"chunk_size": CHUNK_SECONDS, "vad_onset": VAD_ONSET},
+            # The same decoding rule as the CPU path (WhisperX merges these over its own).
+            "asr_options": DECODING.asr_options(),
             "local_files_only": True,
             "threads": self.cpu_threads,
         }
@@ -512,8 +652,8 @@ class WhisperXTranscriber:
             )
         finally:
             self._pipeline.options = self._base_options
-        raw_segments: list[dict[str, Any]] = list(result["segments"])
         detected = str(result.get("language") or language or "en")
+        raw_segments = self._unlooped(samples, list(result["segments"]), detected, task, checkpoint)
         if word_timestamps:
             if checkpoint is not None:
                 checkpoint()
@@ -540,9 +680,41 @@ class WhisperXTranscriber:
         )
 
     def _job_options(self, prompt: str | None, temperature: float | None) -> Any:
-        """The pipeline's options for one job: its prompt, and its one temperature if set."""
+        """The pipeline's options for one job: its prompt, and its temperature if set
+        (the first of the fallback list, DECODING.with_first_temperature)."""
         options = replace(self._base_options, initial_prompt=prompt or None)
-        return options if temperature is None else replace(options, temperatures=[temperature])
+        if temperature is None:
+            return options
+        temperatures = list(DECODING.with_first_temperature(temperature).temperatures)
+        return replace(options, temperatures=temperatures)
+
+    def _unlooped(
+        self,
+        samples: npt.NDArray[np.float32],
+        raw_segments: list[dict[str, Any]],
+        language: str,
+        task: Task,
+        checkpoint: Checkpoint | None,
+    ) -> list[dict[str, Any]]:
+        """WhisperX's batched segments, each looped one decoded again on the sequential path.
+
+        WhisperX's batched pass has no temperature fallback and reports no compression ratio:
+        the loop is told from the text alone (gpu_worker/repetition.py).
+        """
+        options = {"language": language, "task": task, "word_timestamps": False}
+        kept: list[dict[str, Any]] = []
+        for raw in raw_segments:
+            if not looped(str(raw["text"]), None, DECODING.compression_ratio_threshold):
+                kept.append(raw)
+                continue
+            if checkpoint is not None:
+                checkpoint()
+            span = (float(raw["start"]), float(raw["end"]))
+            kept.extend(
+                {"start": p.start, "end": p.end, "text": p.text, "avg_logprob": p.avg_logprob}
+                for p in redecoded(self._pipeline.model, samples, span, options)
+            )
+        return kept
 
     def _sequential_with_words(
         self,
@@ -556,18 +728,21 @@ class WhisperXTranscriber:
         temperature: float | None = None,
         vad_filter: bool = True,
     ) -> Transcript:
-        pieces, info = self._pipeline.model.transcribe(
-            samples,
-            language=language,
-            task=task,
-            initial_prompt=prompt or None,
-            beam_size=BEAM_SIZE,
-            word_timestamps=word_timestamps,
-            vad_filter=vad_filter,
-            condition_on_previous_text=False,
-            **({} if temperature is None else {"temperature": temperature}),
-        )
-        segments = _segments_from_faster_whisper(_collect(pieces, checkpoint))
+        options: dict[str, Any] = {
+            **DECODING.with_first_temperature(temperature).first_pass(),
+            "language": language,
+            "task": task,
+            "initial_prompt": prompt or None,
+            "word_timestamps": word_timestamps,
+            "vad_filter": vad_filter,
+        }
+        if word_timestamps:
+            options["hallucination_silence_threshold"] = DECODING.hallucination_silence_threshold
+        pieces, info = self._pipeline.model.transcribe(samples, **options)
+        found = _collect(pieces, checkpoint)
+        again = {**options, "language": info.language}
+        found = unlooped(self._pipeline.model, samples, found, again, checkpoint)
+        segments = _segments_from_faster_whisper(found)
         return Transcript(
             text=join_text(segments),
             language=info.language,

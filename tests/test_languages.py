@@ -134,6 +134,9 @@ def test_languages_translation_and_models_on_real_models(
     verbose = api_get(live_api, f"/v1/jobs/{job['id']}/transcript?format=verbose_json").json()
     assert verbose["language"] == "de"  # Murmur's own API: the ISO 639-1 code
     conforms(verbose, "CreateTranscriptionResponseVerboseJson")
+    # The worker computes word times for every job (subtitle cues need them); a client that
+    # did not ask for words does not get them.
+    assert "words" not in verbose and all("words" not in s for s in verbose["segments"])
 
     # -- model choice: tiny.en picks the English-only profile ------------------------------
     submitted = _submit(live_api, ENGLISH, model="tiny.en")
@@ -152,6 +155,7 @@ def test_languages_translation_and_models_on_real_models(
     conforms(body, "CreateTranslationResponseVerboseJson")
     assert body["language"] == "english" and body["task"] == "translate"
     assert "morning" in body["text"].lower() and "Guten" not in body["text"], body["text"]
+    assert "words" not in body, body
     translation = raw.parse()
     assert translation.text == body["text"]
     text = client.audio.translations.create(

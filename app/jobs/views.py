@@ -233,8 +233,23 @@ def get_transcript(job_id: str) -> Response:
         raise ApiError(
             409, "job_not_finished", f"job {job_id} is {job.status}; the transcript is not ready"
         )
+    if query.format == "verbose_json":  # the one format that lists words; cues use them
+        transcript = _words_as_asked(transcript, job.word_timestamps)
     body, media_type = render(transcript, query.format, query.cue_options())
     return Response(body, mimetype=media_type.split(";")[0], content_type=media_type)
+
+
+def _words_as_asked(transcript: dict[str, Any], asked: bool) -> dict[str, Any]:
+    """The stored transcript as the client asked for it: the worker stores word times for
+    every job (subtitle cues are built from them), the answer carries them only when asked."""
+    if asked:
+        return transcript
+    return {
+        **transcript,
+        "segments": [
+            {k: v for k, v in seg.items() if k != "words"} for seg in transcript.get("segments", [])
+        ],
+    }
 
 
 def sync_slots() -> SyncSlots:
@@ -301,14 +316,8 @@ def _sync_answer(
     """The answer to a synchronous request once its wait ended, however it ended."""
     finished = waited.job
     transcript = _openai_language(succeeded_transcript(waited, timeout), task)
-    if fmt == "verbose_json" and "word" not in granularities:
-        transcript = {
-            **transcript,
-            "segments": [
-                {k: v for k, v in seg.items() if k != "words"}
-                for seg in transcript.get("segments", [])
-            ],
-        }
+    if fmt == "verbose_json":
+        transcript = _words_as_asked(transcript, "word" in granularities)
     body, media_type = render(transcript, "text" if fmt == "text" else fmt)
     response = Response(body, content_type=media_type)
     response.headers["X-Murmur-Job-Id"] = finished.id
