@@ -190,7 +190,9 @@ def _transcribe(
             samples,
             language=claim.language,
             prompt=claim.prompt,
-            word_timestamps=claim.word_timestamps,
+            # Speakers are assigned word by word: a diarize job needs word times even when
+            # the client did not ask for them (assign_speakers drops them again).
+            word_timestamps=claim.word_timestamps or claim.diarize,
             checkpoint=checkpoint,
             task=claim.task,
         )
@@ -212,7 +214,7 @@ def _diarize(
     claim: ClaimedJob,
     checkpoint: Checkpoint,
 ) -> Transcript:
-    """The diarization stage after transcription: speakers on segments (and words)."""
+    """The diarization stage after transcription: speakers on words, segments split at changes."""
     if diarizer is None:
         # Routing sends diarize jobs only to profiles that diarize; a job that still lands
         # here fails with a reason instead of coming back without speakers.

@@ -55,6 +55,10 @@ def live_api_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
+def _middle(word: dict[str, Any]) -> float:
+    return (float(word["start"]) + float(word["end"])) / 2
+
+
 def _owners(reference: list[SpeakerTurn], found: list[SpeakerTurn]) -> list[tuple[str, float]]:
     """For each true turn, the found speaker covering most of it and the share covered."""
     owners = []
@@ -144,10 +148,16 @@ def test_a_diarize_job_on_the_stacks_diarizing_profile_finds_both_speakers(
         names = [owner for owner, _ in owners]
         assert names[0::2] == [names[0]] * 3 and names[1::2] == [names[1]] * 3, owners
         assert names[0] != names[1]
-        # Words only one voice says: the first voice's, then the second's.
-        said = {w["word"].strip(" .,?").lower(): w["speaker"] for w in transcript["words"]}
-        assert [said.get(w) for w in ("morning", "schedule", "week")] == [names[0]] * 3, said
-        assert [said.get(w) for w in ("trucks", "warehouse", "monday")] == [names[1]] * 3, said
+        # Each true turn's words, by majority, carry that turn's speaker; a single word at a
+        # boundary may go either way (word times and turn edges both move by ~0.1 s).
+        words = transcript["words"]
+        for turn, owner in zip(reference, names, strict=True):
+            inside = [w["speaker"] for w in words if turn.start <= _middle(w) < turn.end]
+            assert inside and inside.count(owner) > len(inside) / 2, (turn, inside)
+        # No segment mixes two voices: each word has the speaker of the segment it lies in.
+        for word in words:
+            holder = [s for s in segments if s["start"] <= _middle(word) <= s["end"]]
+            assert holder and {s["speaker"] for s in holder} == {word["speaker"]}, (word, holder)
 
         vtt = api_get(live_api, f"/v1/jobs/{job_id}/transcript", params={"format": "vtt"}).text
         assert vtt.startswith("WEBVTT")
