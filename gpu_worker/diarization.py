@@ -48,11 +48,17 @@ COMMUNITY_SEGMENTATION = "segmentation/pytorch_model.bin"
 COMMUNITY_EMBEDDING = "embedding/pytorch_model.bin"
 COMMUNITY_PLDA = "plda"
 
-# pyannote/speaker-diarization-3.1's agglomerative settings (its config.yaml), for the CAM++
-# embedding: centroid linkage; clusters smaller than 12 embeddings are merged into the nearest.
+# pyannote/speaker-diarization-3.1's agglomerative settings (its config.yaml: centroid linkage,
+# its distance threshold), for the CAM++ embedding, but with clusters of 2 embeddings or more
+# kept as speakers (3.1 merges clusters under 12 into the nearest; pyannote lowers that to 10 %
+# of the embeddings on short files). 12 merged away a voice heard for 4 s in a 35 s recording
+# (about 3 windows of 10 s hold it): 2 speakers of 3, DER 0.254; with 2, all 3, DER 0.143, and
+# the phone call and the two-voice fixture unchanged (0.113, 0.024; docs/performance.md,
+# "Quality on real speech"). Small clusters still have to be further than the threshold from
+# every other cluster to stand as a speaker.
 AGGLOMERATIVE_PARAMETERS: dict[str, Any] = {
     "segmentation": {"min_duration_off": 0.0},
-    "clustering": {"method": "centroid", "min_cluster_size": 12, "threshold": 0.7045654963945799},
+    "clustering": {"method": "centroid", "min_cluster_size": 2, "threshold": 0.7045654963945799},
 }
 # community-1's VBx settings (SpeakerDiarization.default_parameters in pyannote.audio 4.0.7).
 VBX_PARAMETERS: dict[str, Any] = {

