@@ -1,0 +1,63 @@
+"""The worker's progress report route (routes.PROGRESS): held jobs only, once per seq, bounded,
+a redelivered job's new attempt superseding the first worker's segments."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+
+from app.db import Database
+from app.jobs import progress
+from app.models import WorkerState
+from tests.conftest import add_worker
+from tests.test_worker_endpoints import call, submit
+
+
+def _body(seq: int, done: float, texts: list[str]) -> dict[str, Any]:
+    segments = [
+        {"id": i, "start": float(i), "end": i + 1.0, "text": t} for i, t in enumerate(texts)
+    ]
+    return {"seq": seq, "done_seconds": done, "total_seconds": 10.0, "segments": segments}
+
+
+def test_progress_reports_reach_the_hot_store_once(
+    client: Any, db: Database, clean_redis: redis.Redis
+) -> None:
+    first = add_worker(db, state=WorkerState.READY)
+    second = add_worker(db, state=WorkerState.READY)
+    job_id = submit(client)
+    path = f"/jobs/{job_id}/progress"
+    # Not claimed yet: not this worker's job.
+    assert call(client, first, path, _body(1, 1.0, ["x"])).get_json() == {"accepted": False}
+    assert call(client, first, f"/jobs/{job_id}/claim").status_code == 200
+    for _ in range(2):  # a retried report is applied once
+        answer = call(client, first, path, _body(1, 4.0, [" one"]))
+        assert answer.status_code == 200 and answer.get_json() == {"accepted": True}
+    standing = progress.standing(clean_redis, job_id)
+    assert standing is not None and (standing.attempt, standing.progress) == (1, 0.4)
+    assert len(progress.current_segments(progress.events_after(clean_redis, job_id))) == 1
+
+    # Redelivered: the second worker's claim is attempt 2; the first one's reports are refused.
+    assert call(client, first, f"/jobs/{job_id}/release").get_json() == {"released": True}
+    assert call(client, second, f"/jobs/{job_id}/claim").status_code == 200
+    assert call(client, first, path, _body(2, 9.0, [" late"])).get_json() == {"accepted": False}
+    assert call(client, second, path, _body(1, 2.0, [" two"])).get_json() == {"accepted": True}
+    events = progress.events_after(clean_redis, job_id)
+    assert [s["text"] for s in progress.current_segments(events)] == [" two"]
+    assert any(e.type == "attempt" and e.attempt == 2 for e in events)
+
+
+def test_progress_reports_are_bounded_and_authenticated(client: Any, db: Database) -> None:
+    worker = add_worker(db, state=WorkerState.READY)
+    job_id = submit(client)
+    assert call(client, worker, f"/jobs/{job_id}/claim").status_code == 200
+    too_many = call(client, worker, f"/jobs/{job_id}/progress", _body(1, 1.0, ["x"] * 65))
+    assert too_many.status_code == 400
+    assert too_many.get_json()["error"]["code"] == "invalid_body"
+    forged = client.post(
+        f"/internal/workers/{worker.id}/{worker.instance_id}/jobs/{job_id}/progress",
+        json=_body(1, 1.0, []),
+        headers={"Authorization": "Bearer nope"},
+    )
+    assert forged.status_code == 401
