@@ -10,8 +10,8 @@ import redis
 from app.db import Database
 from app.jobs import progress
 from app.models import WorkerState
-from tests.conftest import add_worker
-from tests.test_worker_endpoints import call, submit
+from tests.conftest import add_worker, auth
+from tests.test_worker_endpoints import TRANSCRIPT, call, submit
 
 
 def _body(seq: int, done: float, texts: list[str]) -> dict[str, Any]:
@@ -61,3 +61,30 @@ def test_progress_reports_are_bounded_and_authenticated(client: Any, db: Databas
         headers={"Authorization": "Bearer nope"},
     )
     assert forged.status_code == 401
+
+
+def test_the_job_shows_progress_from_the_reports(
+    client: Any, db: Database, clean_redis: redis.Redis
+) -> None:
+    worker = add_worker(db, state=WorkerState.READY)
+    job_id = submit(client)
+    queued = client.get(f"/v1/jobs/{job_id}", headers=auth()).get_json()
+    assert queued["progress"] == 0.0 and queued["eta_seconds"] is None
+    assert call(client, worker, f"/jobs/{job_id}/claim").status_code == 200
+    seen = []
+    for seq, done in enumerate((2.5, 5.0, 3.0), start=1):  # a lower report never lowers it
+        assert (
+            call(client, worker, f"/jobs/{job_id}/progress", _body(seq, done, [])).status_code
+            == 200
+        )
+        seen.append(client.get(f"/v1/jobs/{job_id}", headers=auth()).get_json()["progress"])
+    assert seen == [0.25, 0.5, 0.5]
+    finished = call(
+        client,
+        worker,
+        f"/jobs/{job_id}/result",
+        {"transcript": TRANSCRIPT, "processing_seconds": 1.0},
+    )
+    assert finished.status_code == 200
+    done = client.get(f"/v1/jobs/{job_id}", headers=auth()).get_json()
+    assert done["status"] == "succeeded" and done["progress"] == 1.0

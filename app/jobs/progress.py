@@ -25,6 +25,8 @@ from typing import Any
 
 import redis
 
+from app.fleet.learned import LEARNED_KEY
+
 # Bounds: a stream keeps at most MAX_EVENTS entries (approximate trim); one report at most
 # MAX_SEGMENTS_PER_REPORT segments of at most MAX_TEXT_CHARS characters each.
 MAX_EVENTS = 20_000
@@ -184,3 +186,42 @@ def end(client: redis.Redis, job_id: str, ttl: int = ENDED_TTL_S) -> None:
     pipe.expire(meta, ttl)
     pipe.expire(stream, ttl)
     pipe.execute()
+
+
+def _profile_speed(client: redis.Redis, profile: str) -> float | None:
+    """The profile's measured speed (audio seconds per wall second) from the fleet's cached
+    figures (app/fleet/learned.py), read as is: a job view never recomputes them."""
+    try:
+        raw: Any = client.get(LEARNED_KEY)
+        speed = json.loads(raw).get("speed", {}).get(profile) if raw else None
+    except (redis.RedisError, ValueError, AttributeError):
+        return None
+    return float(speed) if isinstance(speed, int | float) and speed > 0 else None
+
+
+def progress_fields(
+    client: redis.Redis, job: dict[str, Any], running_seconds: float | None
+) -> dict[str, Any]:
+    """`progress` (0..1; 1.0 exactly when succeeded) and `eta_seconds` (None when it cannot be
+    estimated) for a job's JSON; one Redis read, and one more for a running job's ETA."""
+    status = job.get("status")
+    if status == "succeeded":
+        return {"progress": 1.0, "eta_seconds": 0.0}
+    if status != "running":
+        return {
+            "progress": 0.0 if status in ("queued", "dispatched") else None,
+            "eta_seconds": None,
+        }
+    try:
+        now = standing(client, str(job["id"]))
+    except redis.RedisError:
+        now = None
+    if now is None or now.total_seconds <= 0:
+        return {"progress": 0.0, "eta_seconds": None}
+    value = min(now.progress, 0.999)  # 1.0 only once succeeded
+    left = max(0.0, now.total_seconds - now.done_seconds)
+    speed = _profile_speed(client, str(job.get("profile")))
+    if speed is None and running_seconds and running_seconds > 0 and now.done_seconds > 0:
+        speed = now.done_seconds / running_seconds  # this job's own pace so far
+    eta = round(left / speed, 1) if speed else None
+    return {"progress": round(value, 4), "eta_seconds": eta}
