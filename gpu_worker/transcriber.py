@@ -175,12 +175,17 @@ def _check_language(language: str | None, multilingual: bool, model_name: str) -
 
 
 def _collect(
-    pieces: Iterable[WhisperSegment], checkpoint: Checkpoint | None
+    pieces: Iterable[WhisperSegment], checkpoint: Checkpoint | None, offset: float = 0.0
 ) -> list[WhisperSegment]:
-    """Run faster-whisper's lazy generator to the end, calling `checkpoint` after each segment."""
+    """Run faster-whisper's lazy generator to the end, calling `checkpoint` after each segment
+    (and its `segment(start, end, text)`, in the file's seconds, when it has one: hot progress,
+    gpu_worker/progress.py)."""
     collected = []
+    notify = getattr(checkpoint, "segment", None)
     for piece in pieces:
         collected.append(piece)
+        if notify is not None:
+            notify(piece.start + offset, piece.end + offset, piece.text)
         if checkpoint is not None:
             checkpoint()
     return collected
@@ -324,7 +329,7 @@ class FasterWhisperTranscriber:
                 if self._batched is None:
                     options = {**options, "initial_prompt": None}
             pieces, info = self._run(samples[start:end], options)
-            found = _collect(pieces, checkpoint)
+            found = _collect(pieces, checkpoint, start / SAMPLE_RATE)
             if detected is None and (found or options["language"] is not None):
                 # The language found in the first speech holds for the rest, as in one call.
                 detected = info.language
