@@ -148,6 +148,7 @@ def result(worker_id: str, instance_id: str, job_id: str) -> Response:
     )
     if stored:
         service.announce_finished(svc.redis, svc.celery, service.get_job(svc.db, job_id))
+        progress_intake.ended(svc.redis, job_id)
     return jsonify({"stored": stored})
 
 
@@ -172,4 +173,5 @@ def failure(worker_id: str, instance_id: str, job_id: str) -> Response:
     )
     if stored:
         service.announce_finished(svc.redis, svc.celery, service.get_job(svc.db, job_id))
+        progress_intake.ended(svc.redis, job_id)
     return jsonify({"stored": stored})

@@ -88,3 +88,18 @@ def test_the_job_shows_progress_from_the_reports(
     assert finished.status_code == 200
     done = client.get(f"/v1/jobs/{job_id}", headers=auth()).get_json()
     assert done["status"] == "succeeded" and done["progress"] == 1.0
+
+
+def test_a_stored_outcome_shortens_the_live_views_expiry(
+    client: Any, db: Database, clean_redis: redis.Redis
+) -> None:
+    worker = add_worker(db, state=WorkerState.READY)
+    job_id = submit(client)
+    assert call(client, worker, f"/jobs/{job_id}/claim").status_code == 200
+    assert (
+        call(client, worker, f"/jobs/{job_id}/progress", _body(1, 5.0, [" x"])).status_code == 200
+    )
+    assert clean_redis.ttl(f"murmur:progress:{job_id}:events") > progress.ENDED_TTL_S
+    body = {"transcript": TRANSCRIPT, "processing_seconds": 1.0}
+    assert call(client, worker, f"/jobs/{job_id}/result", body).get_json() == {"stored": True}
+    assert 0 < clean_redis.ttl(f"murmur:progress:{job_id}:events") <= progress.ENDED_TTL_S
