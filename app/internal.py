@@ -20,10 +20,11 @@ from app.context import services
 from app.errors import ApiError
 from app.fleet import readiness
 from app.inputs import MAX_JSON_BYTES, json_problem, read_body, refuse_duplicate_keys
-from app.jobs import handover, service
+from app.jobs import handover, progress_intake, service
 from gpu_worker.protocol import routes
 from gpu_worker.protocol.boot import BootFailure
 from gpu_worker.protocol.failure import Failure
+from gpu_worker.protocol.progress import MAX_PROGRESS_BYTES, ProgressBody
 from gpu_worker.protocol.readiness import ReadyBody
 from gpu_worker.protocol.redaction import redact
 from gpu_worker.protocol.transcript import ResultBody
@@ -149,7 +150,19 @@ def result(worker_id: str, instance_id: str, job_id: str) -> Response:
     )
     if stored:
         service.announce_finished(svc.redis, svc.celery, service.get_job(svc.db, job_id))
+        progress_intake.ended(svc.redis, job_id)
     return jsonify({"stored": stored})
+
+
+@internal_bp.post(routes.flask_rule(routes.WORKER_PREFIX, routes.PROGRESS))
+def job_progress(worker_id: str, instance_id: str, job_id: str) -> Response:
+    """Hot progress at the worker's per-segment checkpoint, kept in Redis (app/jobs/progress.py);
+    `accepted` is false once the worker no longer holds the job (it stops reporting)."""
+    worker = authenticate_worker(worker_id, instance_id)
+    body: ProgressBody = _body(ProgressBody, MAX_PROGRESS_BYTES)
+    svc = services()
+    accepted = progress_intake.accept(svc.db, svc.redis, job_id, worker.id, body)
+    return jsonify({"accepted": accepted})
 
 
 @internal_bp.post(routes.flask_rule(routes.WORKER_PREFIX, routes.FAILURE))
@@ -163,4 +176,5 @@ def failure(worker_id: str, instance_id: str, job_id: str) -> Response:
     stored = service.store_failure(svc.db, job_id, worker.id, body.code, message, now=svc.clock())
     if stored:
         service.announce_finished(svc.redis, svc.celery, service.get_job(svc.db, job_id))
+        progress_intake.ended(svc.redis, job_id)
     return jsonify({"stored": stored})

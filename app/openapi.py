@@ -587,6 +587,27 @@ def openapi_document() -> dict[str, Any]:
                         "started_at": {"type": "string", "format": "date-time", "nullable": True},
                         "finished_at": {"type": "string", "format": "date-time", "nullable": True},
                         "processing_seconds": {"type": "number", "nullable": True},
+                        "progress": {
+                            "type": "number",
+                            "minimum": 0,
+                            "maximum": 1,
+                            "nullable": True,
+                            "description": (
+                                "Only on GET /v1/jobs/{job_id}: the fraction of the audio "
+                                "transcribed, never decreasing within an attempt, 1.0 exactly "
+                                "when succeeded, 0 while queued, null once failed or cancelled."
+                            ),
+                        },
+                        "eta_seconds": {
+                            "type": "number",
+                            "minimum": 0,
+                            "nullable": True,
+                            "description": (
+                                "Only on GET /v1/jobs/{job_id}: seconds left while running, "
+                                "from the profile's measured speed (else the job's own pace); "
+                                "null when it cannot be estimated."
+                            ),
+                        },
                         "error": {
                             "type": "object",
                             "nullable": True,

@@ -135,6 +135,17 @@ class ControlPlaneClient:
         body = self._post(routes.job_route(routes.FAILURE, job_id), failure.to_json(), retry=True)
         return bool(body.get("stored", False))
 
+    def post_progress(self, job_id: str, report: Mapping[str, Any]) -> bool:
+        """Send hot progress (gpu_worker/protocol/progress.py `ProgressBody`); retried, since
+        the control plane applies a report once by its `seq`. False once the job is not ours."""
+        body = self._post(
+            routes.job_route(routes.PROGRESS, job_id),
+            dict(report),
+            retry=True,
+            timeout=STATUS_TIMEOUT,
+        )
+        return bool(body.get("accepted", False))
+
     def job_held(self, job_id: str) -> bool:
         """Whether the control plane still has this worker on the job (False once cancelled)."""
         body = self._post(

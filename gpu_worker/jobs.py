@@ -20,6 +20,7 @@ from typing import IO, TYPE_CHECKING, Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from gpu_worker import progress
 from gpu_worker.audio import AudioTooLong, decode_bounded
 from gpu_worker.client import AudioDownloadError, AudioTooLarge, ControlPlaneError
 from gpu_worker.holding import CHECK_INTERVAL_SECONDS, CancelWatch, JobCancelled
@@ -109,7 +110,9 @@ def process_job(job_id: str, context: JobContext) -> Outcome:
             samples = _fetch_audio(context.client, claim)
             audio_seconds = samples.shape[0] / SAMPLE_RATE
             watch()  # a long download or decode may have outlived the job
-            transcript = _transcribe(context.transcriber, samples, claim, watch)
+            reporter = progress.with_progress(watch, context.client, job_id, audio_seconds)
+            transcript = _transcribe(context.transcriber, samples, claim, reporter)
+            progress.flush(reporter)
             if claim.diarize:
                 transcript = _diarize(context.diarizer, samples, transcript, claim, watch)
         except JobCancelled as stop:

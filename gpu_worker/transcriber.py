@@ -253,12 +253,17 @@ def _check_language(language: str | None, multilingual: bool, model_name: str) -
 
 
 def _collect(
-    pieces: Iterable[WhisperSegment], checkpoint: Checkpoint | None
+    pieces: Iterable[WhisperSegment], checkpoint: Checkpoint | None, offset: float = 0.0
 ) -> list[WhisperSegment]:
-    """Run faster-whisper's lazy generator to the end, calling `checkpoint` after each segment."""
+    """Run faster-whisper's lazy generator to the end, calling `checkpoint` after each segment
+    (and its `segment(start, end, text)`, in the file's seconds, when it has one: hot progress,
+    gpu_worker/progress.py)."""
     collected = []
+    notify = getattr(checkpoint, "segment", None)
     for piece in pieces:
         collected.append(piece)
+        if notify is not None:
+            notify(piece.start + offset, piece.end + offset, piece.text)
         if checkpoint is not None:
             checkpoint()
     return collected
@@ -430,11 +435,13 @@ class FasterWhisperTranscriber:
         samples: npt.NDArray[np.float32],
         options: dict[str, Any],
         checkpoint: Checkpoint | None,
+        offset: float = 0.0,
     ) -> tuple[list[WhisperSegment], Any]:
-        """Decode `samples` (one call or one window), looped segments decoded again."""
+        """Decode `samples` (one call or one window starting `offset` seconds into the file),
+        looped segments decoded again."""
         pieces, info = self._run(samples, options)
         # The generator does the work; materialise it here, inside the timed call.
-        found = _collect(pieces, checkpoint)
+        found = _collect(pieces, checkpoint, offset)
         # The language found holds for the re-decoding: it is not detected again on a span.
         again = {**options, "language": info.language}
         return unlooped(self.model, samples, found, again, checkpoint), info
@@ -477,7 +484,7 @@ class FasterWhisperTranscriber:
                 # one prompts every batch.
                 if self._batched is None:
                     options = {**options, "initial_prompt": None}
-            found, info = self._decode(samples[start:end], options, checkpoint)
+            found, info = self._decode(samples[start:end], options, checkpoint, start / SAMPLE_RATE)
             if detected is None and (found or options["language"] is not None):
                 # The language found in the first speech holds for the rest, as in one call.
                 detected = info.language

@@ -51,6 +51,7 @@ def test_every_protocol_route_is_served(client: Any) -> None:
         routes.RELEASE,
         routes.RESULT,
         routes.FAILURE,
+        routes.PROGRESS,
         routes.BOOT_FAILURE,
     )
     for route in worker_routes:

@@ -11,9 +11,10 @@ from werkzeug.datastructures import FileStorage
 
 from app.auth import require_api_token
 from app.context import Services, services
+from app.db import as_utc
 from app.errors import ApiError
 from app.inputs import display_filename, refuse_repeated, request_json
-from app.jobs import idempotency, requests, retention, routing, service
+from app.jobs import idempotency, progress, requests, retention, routing, service
 from app.jobs.formats import render
 from app.jobs.requests import JobOptions
 from app.jobs.slow_work import probe_slot
@@ -182,7 +183,16 @@ def get_model(model_id: str) -> Response:
 @jobs_bp.get("/v1/jobs/<job_id>")
 @require_api_token
 def get_job(job_id: str) -> Response:
-    return jsonify(service.job_json(service.get_job(services().db, job_id, g.owner)))
+    svc = services()
+    job = service.get_job(svc.db, job_id, g.owner)
+    return jsonify(_with_progress(svc, job, service.job_json(job)))
+
+
+def _with_progress(svc: Services, job: Any, body: dict[str, Any]) -> dict[str, Any]:
+    """The job's JSON with its hot `progress` and `eta_seconds` (app/jobs/progress.py)."""
+    started = as_utc(job.started_at) if job.started_at else None
+    running = (svc.clock() - started).total_seconds() if started else None
+    return {**body, **progress.progress_fields(svc.redis, body, running)}
 
 
 @jobs_bp.get("/v1/jobs")

@@ -37,6 +37,8 @@ STATUS = "/jobs/{job_id}/status"
 RELEASE = "/jobs/{job_id}/release"
 RESULT = "/jobs/{job_id}/result"
 FAILURE = "/jobs/{job_id}/failure"
+# Hot progress at the per-segment checkpoint (gpu_worker/protocol/progress.py).
+PROGRESS = "/jobs/{job_id}/progress"
 # The instance's boot path says the worker cannot come up (gpu_worker/protocol/boot.py).
 BOOT_FAILURE = "/boot-failure"
 

@@ -1,0 +1,106 @@
+"""Hot progress from the worker: the per-segment checkpoint, with the segments it saw.
+
+`ProgressWatch` wraps the job's `CancelWatch`: called between segments it checks cancellation
+as before; `segment()` (called by the transcriber for each finished segment, times in the
+file's seconds) buffers the segment, and at most once per `interval_seconds` (or when
+MAX_SEGMENTS are buffered) the buffer goes to the control plane with the seconds done of the
+total (gpu_worker/protocol/progress.py). A failed report is logged and its segments dropped
+from the live view only: the final transcript is the result, not these reports.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, runtime_checkable
+
+from gpu_worker.client import ControlPlaneError
+from gpu_worker.protocol.progress import MAX_SEGMENTS
+
+log = logging.getLogger(__name__)
+
+REPORT_INTERVAL_SECONDS = 1.0
+
+
+@runtime_checkable
+class ProgressSink(Protocol):
+    def post_progress(self, job_id: str, report: Mapping[str, Any]) -> bool: ...
+
+
+class ProgressWatch:
+    """A checkpoint (`__call__`) that also reports progress (`segment`)."""
+
+    def __init__(
+        self,
+        watch: Callable[[], None],
+        client: ProgressSink,
+        job_id: str,
+        total_seconds: float,
+        *,
+        interval_seconds: float = REPORT_INTERVAL_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._watch = watch
+        self._client = client
+        self._job_id = job_id
+        self._total = total_seconds
+        self._interval = interval_seconds
+        self._clock = clock
+        self._last = clock()
+        self._seq = 0
+        self._done = 0.0
+        self._buffer: list[dict[str, Any]] = []
+        self._next_id = 0
+        self.enabled = True
+
+    def __call__(self) -> None:
+        self._watch()
+
+    def segment(self, start: float, end: float, text: str) -> None:
+        """One finished segment (seconds in the file); reports when due."""
+        if not self.enabled:
+            return
+        self._buffer.append(
+            {"id": self._next_id, "start": round(start, 3), "end": round(end, 3), "text": text}
+        )
+        self._next_id += 1
+        self._done = max(self._done, min(end, self._total))
+        due = self._clock() - self._last >= self._interval
+        if due or len(self._buffer) >= MAX_SEGMENTS:
+            self.flush()
+
+    def flush(self) -> None:
+        """Send what is buffered (nothing when nothing is)."""
+        if not self._buffer or not self.enabled:
+            return
+        self._seq += 1
+        report = {
+            "seq": self._seq,
+            "done_seconds": self._done,
+            "total_seconds": self._total,
+            "segments": [{**s, "text": s["text"][:4000]} for s in self._buffer],
+        }
+        self._buffer = []
+        self._last = self._clock()
+        try:
+            if not self._client.post_progress(self._job_id, report):
+                self.enabled = False  # not ours any more: the cancel check will say so
+        except ControlPlaneError as exc:
+            log.warning("job %s: progress report failed, carrying on: %s", self._job_id, exc)
+
+
+def with_progress(
+    watch: Callable[[], None], client: object, job_id: str, total_seconds: float
+) -> Callable[[], None]:
+    """`watch` wrapped in a ProgressWatch when `client` can post progress (a test's fake
+    control plane may not), else `watch` itself."""
+    if isinstance(client, ProgressSink):
+        return ProgressWatch(watch, client, job_id, total_seconds)
+    return watch
+
+
+def flush(checkpoint: Callable[[], None]) -> None:
+    """Send a ProgressWatch's last buffered segments (nothing for a plain checkpoint)."""
+    if isinstance(checkpoint, ProgressWatch):
+        checkpoint.flush()
