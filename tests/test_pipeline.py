@@ -327,6 +327,8 @@ def test_url_jobs(live_api: LiveApi, start_worker: Any, io_worker: Any) -> None:
     assert results["page.html"]["status"] == "failed"
     assert results["page.html"]["error"]["code"] == "url_not_audio"
     assert results["huge.wav"]["error"]["code"] == "url_too_large"
+    # The refusal names the setting that raises the limit.
+    assert "api.max_upload_bytes" in results["huge.wav"]["error"]["message"]
     assert results["missing.wav"]["error"] == {
         "code": "url_fetch_failed",
         "message": "the URL answered HTTP 404",

@@ -138,6 +138,14 @@ def _too_slow() -> Refused:
     return Refused("url_fetch_failed", f"the URL did not deliver within {FETCH_DEADLINE_SECONDS} s")
 
 
+def _too_large(limit: int) -> str:
+    """The refusal of a URL's content past `limit`, naming the setting that raises it."""
+    return (
+        f"the URL's content is larger than the limit of {limit} bytes (the setting "
+        "api.max_upload_bytes, MURMUR_MAX_UPLOAD_BYTES)"
+    )
+
+
 def _download(http: requests.Session, url: str, staged: Path, limit: int) -> int:
     """Stream the URL's content into `staged`, refusing more than `limit` bytes; its size."""
     response = http.get(url, stream=True, timeout=FETCH_TIMEOUT, allow_redirects=False)
@@ -145,18 +153,13 @@ def _download(http: requests.Session, url: str, staged: Path, limit: int) -> int
         raise Refused("url_fetch_failed", f"the URL answered HTTP {response.status_code}")
     declared = response.headers.get("Content-Length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise Refused(
-            "url_too_large", f"the URL's content is larger than the limit of {limit} bytes"
-        )
+        raise Refused("url_too_large", _too_large(limit))
     size = 0
     with staged.open("wb") as out:
         for chunk in response.iter_content(chunk_size=256 * 1024):
             size += len(chunk)
             if size > limit:
-                raise Refused(
-                    "url_too_large",
-                    f"the URL's content is larger than the limit of {limit} bytes",
-                )
+                raise Refused("url_too_large", _too_large(limit))
             out.write(chunk)
     return size
 
