@@ -117,6 +117,34 @@ class Decoding:
 
 
 DECODING = Decoding()
+
+
+def _job_decoding(
+    language: str | None,
+    task: str,
+    prompt: str | None,
+    word_timestamps: bool,
+    temperature: float | None,
+    vad_filter: bool,
+) -> dict[str, Any]:
+    """faster-whisper `transcribe` options of one job's first pass, on either sequential path:
+    `DECODING` started at the job's temperature, with its language, task, prompt and VAD."""
+    options: dict[str, Any] = {
+        **DECODING.with_first_temperature(temperature).first_pass(),
+        "language": language,
+        "task": task,
+        "initial_prompt": prompt or None,
+        "word_timestamps": word_timestamps,
+        # Silero VAD (faster-whisper's bundled ONNX) skips silence, so silence yields no
+        # segments instead of hallucinated text; a job may turn it off.
+        "vad_filter": vad_filter,
+    }
+    if word_timestamps:
+        # It reads word times; faster-whisper ignores it without them.
+        options["hallucination_silence_threshold"] = DECODING.hallucination_silence_threshold
+    return options
+
+
 # Kept for the benches that compare against bare faster-whisper at the same beam.
 BEAM_SIZE = DECODING.beam_size
 
@@ -404,19 +432,7 @@ class FasterWhisperTranscriber:
         language = _check_language(language, multilingual, self.model_name)
         if samples.size == 0:
             return _empty(language or "en")
-        options: dict[str, Any] = {
-            **DECODING.with_first_temperature(temperature).first_pass(),
-            "language": language,
-            "task": task,
-            "initial_prompt": prompt or None,
-            "word_timestamps": word_timestamps,
-            # Silero VAD (faster-whisper's bundled ONNX) skips silence, so silence yields no
-            # segments instead of hallucinated text; a job may turn it off.
-            "vad_filter": vad_filter,
-        }
-        if word_timestamps:
-            # It reads word times; faster-whisper ignores it without them.
-            options["hallucination_silence_threshold"] = DECODING.hallucination_silence_threshold
+        options = _job_decoding(language, task, prompt, word_timestamps, temperature, vad_filter)
         if samples.shape[0] > WINDOW_SECONDS * SAMPLE_RATE:
             return self._windowed(samples, options, checkpoint)
         found, info = self._decode(samples, options, checkpoint)
@@ -735,16 +751,7 @@ class WhisperXTranscriber:
         temperature: float | None = None,
         vad_filter: bool = True,
     ) -> Transcript:
-        options: dict[str, Any] = {
-            **DECODING.with_first_temperature(temperature).first_pass(),
-            "language": language,
-            "task": task,
-            "initial_prompt": prompt or None,
-            "word_timestamps": word_timestamps,
-            "vad_filter": vad_filter,
-        }
-        if word_timestamps:
-            options["hallucination_silence_threshold"] = DECODING.hallucination_silence_threshold
+        options = _job_decoding(language, task, prompt, word_timestamps, temperature, vad_filter)
         pieces, info = self._pipeline.model.transcribe(samples, **options)
         found = _collect(pieces, checkpoint)
         again = {**options, "language": info.language}
