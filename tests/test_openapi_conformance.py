@@ -31,8 +31,23 @@ from app.db import Database
 from tests.conftest import REDIS_URL, auth, make_settings
 from tests.hostile import loopback_only
 
+# The synchronous operations wait for a worker; none runs here, so audio that decodes (raw PCM
+# with whisper-asr-webservice's encode=false, which any bytes are) ends in their documented
+# 504 `timeout`: an answer, not a server error. Every other 5xx still fails.
+SYNC_PATHS = frozenset(
+    {"/v1/audio/transcriptions", "/v1/audio/translations", "/asr", "/detect-language"}
+)
+
+
+def no_server_error_but_the_sync_timeout(ctx: Any, response: Any, case: Any) -> Any:
+    sync = response.status_code == 504 and case.operation.path in SYNC_PATHS
+    if sync and response.json().get("error", {}).get("code") == "timeout":
+        return None
+    return not_a_server_error(ctx, response, case)
+
+
 CHECKS = [
-    not_a_server_error,
+    no_server_error_but_the_sync_timeout,
     status_code_conformance,
     content_type_conformance,
     response_headers_conformance,
@@ -82,7 +97,7 @@ def test_every_operation_matches_the_document(api: Any, mode: GenerationMode) ->
             if operation.path == "/readyz":
                 # Its documented 503 (a dependency or the control plane is down) is an answer,
                 # not a server error; the other checks still hold it to the document.
-                checks = [check for check in CHECKS if check is not not_a_server_error]
+                checks = CHECKS[1:]  # all but the server-error check
             case.call_and_validate(headers=headers, checks=checks)
 
         try:

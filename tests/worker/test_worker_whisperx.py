@@ -246,20 +246,22 @@ def test_the_checkpoint_runs_between_batches_and_can_stop_the_job(fake_stack):
         )
 
 
-def test_a_job_without_vad_decodes_sequentially_and_a_temperature_is_its_only_one(fake_stack):
+def test_a_job_without_vad_decodes_sequentially_and_a_temperature_starts_its_fallback(fake_stack):
     """vad_filter=false: the batched pass cuts at VAD chunks, so the resident model decodes the
-    whole audio without VAD; a temperature replaces the fallback ladder for that job only."""
+    whole audio without VAD; a temperature starts the fallback ladder (DECODING's steps above
+    it) for that job only."""
     transcriber = build(fake_stack)
 
     transcriber.transcribe(
         AUDIO, language="en", prompt=None, word_timestamps=False, vad_filter=False, temperature=0.6
     )
-    assert [(c["vad_filter"], c["temperature"]) for c in fake_stack.sequential] == [(False, 0.6)]
+    sequential = [(c["vad_filter"], c["temperature"]) for c in fake_stack.sequential]
+    assert sequential == [(False, [0.6, 0.8, 1.0])]
     assert fake_stack.temperatures_seen == []
 
     transcriber.transcribe(
         AUDIO, language="en", prompt=None, word_timestamps=False, temperature=0.6
     )
     transcriber.transcribe(AUDIO, language="en", prompt=None, word_timestamps=False)
-    assert fake_stack.temperatures_seen == [(0.6,), (0.0, 0.2, 0.4)]
+    assert fake_stack.temperatures_seen == [(0.6, 0.8, 1.0), (0.0, 0.2, 0.4)]
     assert len(fake_stack.sequential) == 1
