@@ -22,11 +22,22 @@ depends_on = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("jobs") as batch:
-        batch.add_column(sa.Column("temperature", sa.Float(), nullable=True))
-        batch.add_column(
-            sa.Column("vad_filter", sa.Boolean(), nullable=False, server_default=sa.true())
-        )
+    added = [
+        sa.Column("temperature", sa.Float(), nullable=True),
+        sa.Column("vad_filter", sa.Boolean(), nullable=False, server_default=sa.true()),
+    ]
+    bind = op.get_bind()
+    options: dict[str, object] = {}
+    if bind.dialect.name == "sqlite":
+        # The transcript columns stay last (0007 says why: SQLite walks past every column
+        # stored before the one it reads, through a big transcript's overflow pages).
+        last = ["transcript_text", "transcript"]
+        columns = [c["name"] for c in sa.inspect(bind).get_columns("jobs")]
+        order = [c for c in columns if c not in last] + [c.name for c in added] + last
+        options = {"recreate": "always", "partial_reordering": [tuple(order)]}
+    with op.batch_alter_table("jobs", **options) as batch:
+        for column in added:
+            batch.add_column(column)
 
 
 def downgrade() -> None:
