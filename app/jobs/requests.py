@@ -297,8 +297,8 @@ Temperature = Annotated[
         ge=MIN_TEMPERATURE,
         le=MAX_TEMPERATURE,
         allow_inf_nan=False,
-        description="Decode at this one sampling temperature (0: greedy); absent: the "
-        "worker's fallback from 0 upward",
+        description="The first sampling temperature of decoding (0: greedy); a window that "
+        "fails its thresholds falls back to the worker's higher steps; absent: from 0 upward",
     ),
     BeforeValidator(lambda value: _number_text(_empty_is_none(value))),
     OnError(

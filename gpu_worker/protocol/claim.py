@@ -38,7 +38,7 @@ class ClaimedJob(BaseModel):
     diarize: bool = False
     min_speakers: int | None = Field(default=None, ge=MIN_SPEAKERS, le=MAX_SPEAKERS)
     max_speakers: int | None = Field(default=None, ge=MIN_SPEAKERS, le=MAX_SPEAKERS)
-    # Decoding options: one sampling temperature instead of the worker's fallback ladder, and
+    # Decoding options: the first temperature of the worker's fallback ladder, and
     # VAD off (every profile can: gpu_worker/transcriber.py decodes without it on request).
     temperature: float | None = Field(
         default=None, ge=MIN_TEMPERATURE, le=MAX_TEMPERATURE, allow_inf_nan=False
