@@ -115,6 +115,12 @@ class ApiSettings(_Strict):
     # Synchronous transcriptions in progress per API process; each has its own server thread
     # on top of the general ones (app/server.py), and one more is answered 503 (docs/api.md).
     sync_max_waiting: int = Field(default=32, ge=1, le=1024)
+    # Open event streams (GET /v1/jobs/<id>/events, OpenAI stream=true) per API process, each
+    # on a server thread of its own besides the others (app/jobs/stream_limits.py); per API
+    # token across processes; and the comment heartbeat that keeps proxies from closing them.
+    stream_max_open: int = Field(default=256, ge=1, le=4096)
+    streams_per_token: int = Field(default=16, ge=1, le=4096)
+    stream_heartbeat_seconds: float = Field(default=15.0, ge=0.5, le=120)
     signed_url_ttl_seconds: int = Field(default=600, ge=10, le=86400)
     # URLs given as job input: only these schemes, and only public addresses.
     allow_private_urls: bool = False
@@ -430,6 +436,9 @@ def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
         api["sync_timeout_seconds"] = env["MURMUR_SYNC_TIMEOUT_SECONDS"]
     if "MURMUR_SYNC_MAX_WAITING" in env:
         api["sync_max_waiting"] = env["MURMUR_SYNC_MAX_WAITING"]
+    for name in ("stream_max_open", "streams_per_token", "stream_heartbeat_seconds"):
+        if f"MURMUR_{name.upper()}" in env:
+            api[name] = env[f"MURMUR_{name.upper()}"]
     if "MURMUR_ALLOW_PRIVATE_URLS" in env:
         api["allow_private_urls"] = _truthy(env["MURMUR_ALLOW_PRIVATE_URLS"])
     if api:

@@ -91,6 +91,10 @@ STATUS: dict[str, int] = {
     # app/jobs/slow_work.py, app/jobs/waiting.py: this process's bounded slots are all taken
     "server_busy": 503,
     "sync_capacity_exhausted": 503,
+    # app/jobs/stream_limits.py, app/jobs/event_stream.py: event streams
+    "stream_capacity_exhausted": 503,
+    "too_many_streams": 429,
+    "invalid_last_event_id": 400,
     # app/storage.py: the audio store (an S3 bucket) does not answer or refuses us
     "storage_unavailable": 503,
     # app/storage.py, app/db.py: the audio store's or the database's disk is full; the
@@ -104,6 +108,8 @@ RETRY_AFTER: dict[str, int] = {
     "name_resolution_timeout": 5,
     "server_busy": 2,
     "sync_capacity_exhausted": 5,
+    "stream_capacity_exhausted": 5,
+    "too_many_streams": 5,
     "storage_unavailable": 10,
     "insufficient_storage": 60,
     "database_unavailable": 5,

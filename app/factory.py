@@ -8,6 +8,7 @@ from celery import Celery
 from flask import Flask, Response
 from gunicorn.errors import AppImportError
 
+from app.broker import redis_client
 from app.config import (
     Settings,
     StartupRefused,
@@ -18,6 +19,9 @@ from app.config import (
 from app.db import Database
 from app.errors import register_error_handlers
 from app.inputs import check_request_text
+from app.jobs.event_hub import EventHub
+from app.jobs.live import EVENT_HUB, STREAM_SLOTS
+from app.jobs.stream_limits import StreamSlots
 from app.jobs.waiting import SYNC_SLOTS, SyncSlots
 from app.json_provider import FiniteJSONProvider
 from app.services import Clock, build_services, utc_clock
@@ -85,6 +89,9 @@ def create_app(
         if problem is not None:
             raise ApiCannotStart(f"cannot start the API: {problem}")
     app.extensions[SYNC_SLOTS] = SyncSlots(settings.api.sync_max_waiting)
+    app.extensions[STREAM_SLOTS] = StreamSlots(settings.api.stream_max_open)
+    # The hub's Redis socket timeout is above its short XREAD block (app/jobs/event_hub.py).
+    app.extensions[EVENT_HUB] = EventHub(lambda: redis_client(settings, socket_timeout=10))
     register_error_handlers(app)
     app.before_request(check_request_text)
     problem = scrape_token_problem(settings)

@@ -103,6 +103,7 @@ def claim(worker_id: str, instance_id: str, job_id: str) -> Response:
     if job is None:
         raise ApiError(409, "job_not_claimable", f"job {job_id} is not waiting for this worker")
     claimed = handover.handed_over(svc.settings, svc.storage, job, svc.clock())
+    service.announce_started(svc.redis, job)
     return jsonify({"job": claimed.model_dump()})
 
 
@@ -150,7 +151,6 @@ def result(worker_id: str, instance_id: str, job_id: str) -> Response:
     )
     if stored:
         service.announce_finished(svc.redis, svc.celery, service.get_job(svc.db, job_id))
-        progress_intake.ended(svc.redis, job_id)
     return jsonify({"stored": stored})
 
 
@@ -176,5 +176,4 @@ def failure(worker_id: str, instance_id: str, job_id: str) -> Response:
     stored = service.store_failure(svc.db, job_id, worker.id, body.code, message, now=svc.clock())
     if stored:
         service.announce_finished(svc.redis, svc.celery, service.get_job(svc.db, job_id))
-        progress_intake.ended(svc.redis, job_id)
     return jsonify({"stored": stored})

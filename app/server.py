@@ -4,8 +4,9 @@ Invariants:
 - `murmur api` (production, docker/) and `make up`/`make demo` (scripts/stack.py) build their
   gunicorn command here, so both run the same worker class, limits and thread budget.
 - Each process gets `threads` general threads plus `api.sync_max_waiting` threads for
-  synchronous transcriptions; app/jobs/waiting.py never lets more than that many wait, so a
-  waiting request never takes a thread that any other request needs.
+  synchronous transcriptions and `api.stream_max_open` for event streams; app/jobs/waiting.py
+  and app/jobs/stream_limits.py never let more than that many wait or stream, so neither
+  takes a thread that any other request needs.
 - An error gunicorn answers itself (a request it cannot parse: headers too large, URI too
   long, bad request line) has the API's JSON shape {"error": {"code", "message"}} and never
   echoes the request back (a request line can carry a signed URL's signature).
@@ -71,7 +72,7 @@ def gunicorn_args(
         "--workers",
         str(workers),
         "--threads",
-        str(threads + settings.api.sync_max_waiting),
+        str(threads + settings.api.sync_max_waiting + settings.api.stream_max_open),
         "--worker-class",
         WORKER_CLASS,
         # Above the longest synchronous wait (sync_timeout_seconds is at most 590 s).

@@ -110,7 +110,9 @@ def process_job(job_id: str, context: JobContext) -> Outcome:
             samples = _fetch_audio(context.client, claim)
             audio_seconds = samples.shape[0] / SAMPLE_RATE
             watch()  # a long download or decode may have outlived the job
-            reporter = progress.with_progress(watch, context.client, job_id, audio_seconds)
+            reporter = progress.with_progress(
+                watch, context.client, job_id, audio_seconds, words=bool(claim.word_timestamps)
+            )
             transcript = _transcribe(context.transcriber, samples, claim, reporter)
             progress.flush(reporter)
             if claim.diarize:

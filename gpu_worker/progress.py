@@ -21,6 +21,10 @@ from gpu_worker.protocol.progress import MAX_SEGMENTS
 log = logging.getLogger(__name__)
 
 REPORT_INTERVAL_SECONDS = 1.0
+# Word times keep a report well under MAX_PROGRESS_BYTES: at most this many per segment, and
+# a report is sent once this many are buffered.
+MAX_WORDS_PER_SEGMENT = 500
+MAX_BUFFERED_WORDS = 1000
 
 
 @runtime_checkable
@@ -40,6 +44,7 @@ class ProgressWatch:
         *,
         interval_seconds: float = REPORT_INTERVAL_SECONDS,
         clock: Callable[[], float] = time.monotonic,
+        words: bool = False,
     ) -> None:
         self._watch = watch
         self._client = client
@@ -52,22 +57,38 @@ class ProgressWatch:
         self._done = 0.0
         self._buffer: list[dict[str, Any]] = []
         self._next_id = 0
+        self._words = words
+        self._buffered_words = 0
         self.enabled = True
 
     def __call__(self) -> None:
         self._watch()
 
-    def segment(self, start: float, end: float, text: str) -> None:
-        """One finished segment (seconds in the file); reports when due."""
+    def segment(
+        self, start: float, end: float, text: str, words: list[dict[str, Any]] | None = None
+    ) -> None:
+        """One finished segment (seconds in the file; its words' too, sent when the job asked
+        for word times); reports when due."""
         if not self.enabled:
             return
-        self._buffer.append(
-            {"id": self._next_id, "start": round(start, 3), "end": round(end, 3), "text": text}
-        )
+        entry: dict[str, Any] = {
+            "id": self._next_id,
+            "start": round(start, 3),
+            "end": round(end, 3),
+            "text": text,
+        }
+        if self._words and words:
+            entry["words"] = [
+                {**w, "start": round(w["start"], 3), "end": round(w["end"], 3)}
+                for w in words[:MAX_WORDS_PER_SEGMENT]
+            ]
+            self._buffered_words += len(entry["words"])
+        self._buffer.append(entry)
         self._next_id += 1
         self._done = max(self._done, min(end, self._total))
         due = self._clock() - self._last >= self._interval
-        if due or len(self._buffer) >= MAX_SEGMENTS:
+        full = len(self._buffer) >= MAX_SEGMENTS or self._buffered_words >= MAX_BUFFERED_WORDS
+        if due or full:
             self.flush()
 
     def flush(self) -> None:
@@ -82,6 +103,7 @@ class ProgressWatch:
             "segments": [{**s, "text": s["text"][:4000]} for s in self._buffer],
         }
         self._buffer = []
+        self._buffered_words = 0
         self._last = self._clock()
         try:
             if not self._client.post_progress(self._job_id, report):
@@ -91,12 +113,17 @@ class ProgressWatch:
 
 
 def with_progress(
-    watch: Callable[[], None], client: object, job_id: str, total_seconds: float
+    watch: Callable[[], None],
+    client: object,
+    job_id: str,
+    total_seconds: float,
+    *,
+    words: bool = False,
 ) -> Callable[[], None]:
     """`watch` wrapped in a ProgressWatch when `client` can post progress (a test's fake
     control plane may not), else `watch` itself."""
     if isinstance(client, ProgressSink):
-        return ProgressWatch(watch, client, job_id, total_seconds)
+        return ProgressWatch(watch, client, job_id, total_seconds, words=words)
     return watch
 
 

@@ -288,13 +288,26 @@ def _collect(
     gpu_worker/progress.py)."""
     collected = []
     notify = getattr(checkpoint, "segment", None)
+    holding = False  # from the first looped segment on, `unlooped` notifies, in order
     for piece in pieces:
         collected.append(piece)
-        if notify is not None:
-            notify(piece.start + offset, piece.end + offset, piece.text)
+        holding = holding or _looped(piece)
+        if notify is not None and not holding:
+            notify(piece.start + offset, piece.end + offset, piece.text, _words(piece, offset))
         if checkpoint is not None:
             checkpoint()
     return collected
+
+
+def _looped(segment: WhisperSegment) -> bool:
+    return looped(segment.text, segment.compression_ratio, DECODING.compression_ratio_threshold)
+
+
+def _words(piece: WhisperSegment, offset: float) -> list[dict[str, Any]] | None:
+    """A segment's word times in the file's seconds, for hot progress."""
+    if not piece.words:
+        return None
+    return [{"word": w.word, "start": w.start + offset, "end": w.end + offset} for w in piece.words]
 
 
 def redecoded(
@@ -328,19 +341,25 @@ def unlooped(
     segments: list[WhisperSegment],
     options: dict[str, Any],
     checkpoint: Checkpoint | None,
+    offset: float = 0.0,
 ) -> list[WhisperSegment]:
-    """`segments` with each looped one (gpu_worker/repetition.py) replaced by its re-decoding."""
+    """`segments` with each looped one (gpu_worker/repetition.py) replaced by its re-decoding;
+    the segments `_collect` held back (from the first looped one on) are notified now."""
     kept: list[WhisperSegment] = []
+    first_looped: int | None = None
     for index, segment in enumerate(segments):
-        if not looped(
-            segment.text, segment.compression_ratio, DECODING.compression_ratio_threshold
-        ):
+        if not _looped(segment):
             kept.append(segment)
             continue
         log.info("segment %.1f-%.1f s looped; decoding it again", segment.start, segment.end)
+        first_looped = len(kept) if first_looped is None else first_looped
         if checkpoint is not None:
             checkpoint()
         kept.extend(redecoded(model, samples, gap_span(segments, index, samples), options))
+    notify = getattr(checkpoint, "segment", None)
+    if notify is not None and first_looped is not None:
+        for piece in kept[first_looped:]:
+            notify(piece.start + offset, piece.end + offset, piece.text, _words(piece, offset))
     return kept
 
 
@@ -460,7 +479,7 @@ class FasterWhisperTranscriber:
         found = _collect(pieces, checkpoint, offset)
         # The language found holds for the re-decoding: it is not detected again on a span.
         again = {**options, "language": info.language}
-        return unlooped(self.model, samples, found, again, checkpoint), info
+        return unlooped(self.model, samples, found, again, checkpoint, offset), info
 
     def _run(
         self, samples: npt.NDArray[np.float32], options: dict[str, Any]

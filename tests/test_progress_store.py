@@ -59,6 +59,10 @@ def test_reports_are_bounded_and_keys_expire(clean_redis: redis.Redis) -> None:
     with pytest.raises(progress.ReportError):
         _report(clean_redis, 0, 1, 1.0, [])
     _report(clean_redis, 1, 1, 1.0, [0])
-    progress.end(clean_redis, "job-1", ttl=60)
+    assert all(
+        clean_redis.ttl(k) > progress.ENDED_TTL_S
+        for k in clean_redis.keys("murmur:progress:job-1:*")
+    )
+    progress.mark_status(clean_redis, "job-1", ended=True)
     ttls = [clean_redis.ttl(k) for k in clean_redis.keys("murmur:progress:job-1:*")]
-    assert len(ttls) == 2 and all(0 < t <= 60 for t in ttls)
+    assert len(ttls) == 2 and all(0 < t <= progress.ENDED_TTL_S for t in ttls)

@@ -10,8 +10,12 @@ report of a later attempt starts that attempt: an `attempt` event says so, and r
 segments of earlier attempts (they are superseded, never mixed into the final transcript).
 
 Progress never decreases within an attempt. Both keys expire: `ACTIVE_TTL_S` after the last
-report while the job runs, `ENDED_TTL_S` once `end` is called for the finished job (the database
-holds the outcome; these keys are only the live view).
+report while the job runs, `ENDED_TTL_S` once the job's outcome is marked (`mark_status`, from
+`service.announce_finished`; the database holds the outcome, these keys are only the live view).
+
+A `status` entry (no payload of its own) marks a change of the job's state in the database (a
+claim, an outcome): it wakes the job's event streams (app/jobs/event_hub.py), which then read the
+job's status from the database once; the database stays the truth.
 
 This module is the store only: the worker endpoint, the events stream and the job view read and
 write through it.
@@ -141,6 +145,23 @@ def report(
     return int(verdict), float(progress)
 
 
+def mark_status(client: redis.Redis, job_id: str, *, ended: bool) -> None:
+    """The job's state changed in the database: a `status` entry wakes its event streams. An
+    ended job's live view then expires within ENDED_TTL_S, a running one's within ACTIVE_TTL_S."""
+    meta, stream = _keys(job_id)
+    pipe = client.pipeline()
+    pipe.xadd(stream, {"type": "status", "attempt": 0, "data": "{}"}, maxlen=MAX_EVENTS)
+    pipe.expire(stream, ENDED_TTL_S if ended else ACTIVE_TTL_S)
+    if ended:
+        pipe.expire(meta, ENDED_TTL_S)
+    pipe.execute()
+
+
+def stream_key(job_id: str) -> str:
+    """The Redis stream of the job's events (what a waiter's XREAD names)."""
+    return _keys(job_id)[1]
+
+
 def standing(client: redis.Redis, job_id: str) -> Standing | None:
     """The job's hot standing, or None when no report arrived (or the keys expired)."""
     raw: Any = client.hgetall(_keys(job_id)[0])
@@ -179,15 +200,6 @@ def current_segments(events: list[Event]) -> list[dict[str, Any]]:
     return [e.data for e in events if e.type == "segment" and e.attempt == latest]
 
 
-def end(client: redis.Redis, job_id: str, ttl: int = ENDED_TTL_S) -> None:
-    """The job ended: its live view expires `ttl` seconds from now (the DB has the outcome)."""
-    meta, stream = _keys(job_id)
-    pipe = client.pipeline()
-    pipe.expire(meta, ttl)
-    pipe.expire(stream, ttl)
-    pipe.execute()
-
-
 def _profile_speed(client: redis.Redis, profile: str) -> float | None:
     """The profile's measured speed (audio seconds per wall second) from the fleet's cached
     figures (app/fleet/learned.py), read as is: a job view never recomputes them."""
@@ -219,9 +231,21 @@ def progress_fields(
     if now is None or now.total_seconds <= 0:
         return {"progress": 0.0, "eta_seconds": None}
     value = min(now.progress, 0.999)  # 1.0 only once succeeded
-    left = max(0.0, now.total_seconds - now.done_seconds)
-    speed = _profile_speed(client, str(job.get("profile")))
-    if speed is None and running_seconds and running_seconds > 0 and now.done_seconds > 0:
-        speed = now.done_seconds / running_seconds  # this job's own pace so far
-    eta = round(left / speed, 1) if speed else None
+    eta = eta_seconds(client, job, now.done_seconds, now.total_seconds, running_seconds)
     return {"progress": round(value, 4), "eta_seconds": eta}
+
+
+def eta_seconds(
+    client: redis.Redis,
+    job: dict[str, Any],
+    done_seconds: float,
+    total_seconds: float,
+    running_seconds: float | None,
+) -> float | None:
+    """Seconds until a running job is done: the audio left at its profile's measured speed,
+    else at the job's own pace so far; None when neither is known."""
+    left = max(0.0, total_seconds - done_seconds)
+    speed = _profile_speed(client, str(job.get("profile")))
+    if speed is None and running_seconds and running_seconds > 0 and done_seconds > 0:
+        speed = done_seconds / running_seconds  # this job's own pace so far
+    return round(left / speed, 1) if speed else None

@@ -7,16 +7,12 @@ stale view, no longer holds the job and is answered `{"accepted": false}`.
 
 from __future__ import annotations
 
-import logging
-
 import redis
 
 from app.db import Database
 from app.jobs import progress
 from app.models import Job, JobStatus
 from gpu_worker.protocol.progress import ProgressBody
-
-log = logging.getLogger(__name__)
 
 
 def held_attempt(db: Database, job_id: str, worker_id: str) -> int | None:
@@ -45,12 +41,3 @@ def accept(
         segments=[s.model_dump(exclude_none=True) for s in body.segments],
     )
     return verdict != progress.STALE
-
-
-def ended(client: redis.Redis, job_id: str) -> None:
-    """The job's outcome is stored: its live view expires within progress.ENDED_TTL_S (a
-    Redis that does not answer leaves it to the running job's expiry, hours later)."""
-    try:
-        progress.end(client, job_id)
-    except redis.RedisError as exc:
-        log.warning("job %s: could not shorten its progress expiry: %s", job_id, exc)

@@ -521,7 +521,13 @@ class OpenAITranscriptionForm(_Request):
     # A model GET /v1/models lists: it picks the profiles that serve it (app/jobs/routing.py).
     model: ModelName = None
     temperature: Temperature = None
-    stream: str | None = None
+    stream: Annotated[
+        Flag,
+        Field(
+            description="true: the answer is text/event-stream, OpenAI's transcript.text.delta "
+            "events as segments are transcribed, then transcript.text.done (docs/api.md)"
+        ),
+    ] = False
     chunking_strategy: ChunkingStrategy = None
     # OpenAI fields Murmur does not do: named with the reason rather than as unknown.
     unsupported: ClassVar[Mapping[str, str]] = OPENAI_UNSUPPORTED

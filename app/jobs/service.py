@@ -28,7 +28,7 @@ from app.config import Settings
 from app.db import Database, as_utc
 from app.errors import Refused
 from app.inputs import text_problem
-from app.jobs import routing
+from app.jobs import progress, routing
 from app.jobs.dispatch import dispatch_job
 from app.models import (
     FINISHED_STATES,
@@ -560,11 +560,21 @@ def fail_fetch(db: Database, job_id: str, code: str, message: str, *, now: datet
         )
 
 
+def announce_started(r: redis.Redis, job: Job) -> None:
+    """Wake the job's event streams (a worker claimed it); may not fail the caller."""
+    try:
+        progress.mark_status(r, job.id, ended=False)
+    except redis.RedisError as exc:
+        log.warning("could not mark the start of %s: %s", job.id, type(exc).__name__)
+
+
 def announce_finished(r: redis.Redis, celery: Celery, job: Job) -> None:
-    """Wake synchronous waiters and queue the webhook; neither may fail the caller."""
+    """Wake synchronous waiters and event streams (whose live view then expires) and queue the
+    webhook; none of it may fail the caller."""
     record_job_finished(r, job)  # latency histograms; never raises
     try:
         r.publish(DONE_CHANNEL + job.id, job.status)
+        progress.mark_status(r, job.id, ended=True)
     except redis.RedisError as exc:
         log.warning("could not publish completion of %s: %s", job.id, type(exc).__name__)
     if job.webhook_url:

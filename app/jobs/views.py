@@ -11,10 +11,9 @@ from werkzeug.datastructures import FileStorage
 
 from app.auth import require_api_token
 from app.context import Services, services
-from app.db import as_utc
 from app.errors import ApiError
 from app.inputs import display_filename, refuse_repeated, request_json
-from app.jobs import idempotency, progress, requests, retention, routing, service
+from app.jobs import idempotency, live, requests, retention, routing, service
 from app.jobs.formats import render
 from app.jobs.requests import JobOptions
 from app.jobs.slow_work import probe_slot
@@ -184,15 +183,16 @@ def get_model(model_id: str) -> Response:
 @require_api_token
 def get_job(job_id: str) -> Response:
     svc = services()
-    job = service.get_job(svc.db, job_id, g.owner)
-    return jsonify(_with_progress(svc, job, service.job_json(job)))
+    return jsonify(live.job_view(svc, service.get_job(svc.db, job_id, g.owner)))
 
 
-def _with_progress(svc: Services, job: Any, body: dict[str, Any]) -> dict[str, Any]:
-    """The job's JSON with its hot `progress` and `eta_seconds` (app/jobs/progress.py)."""
-    started = as_utc(job.started_at) if job.started_at else None
-    running = (svc.clock() - started).total_seconds() if started else None
-    return {**body, **progress.progress_fields(svc.redis, body, running)}
+@jobs_bp.get("/v1/jobs/<job_id>/events")
+@require_api_token
+def job_events(job_id: str) -> Response:
+    """The job's Server-Sent Events: status, progress, segments, then done (app/jobs/live.py)."""
+    sock = client_socket(request.environ)
+    last = request.headers.get("Last-Event-ID") or request.args.get("last_event_id")
+    return live.events_response(services(), job_id, g.owner, last, lambda: client_gone(sock))
 
 
 @jobs_bp.get("/v1/jobs")
@@ -291,9 +291,26 @@ def _submit_and_wait(model: type[OpenAIForm]) -> Response:
     if request.mimetype != "multipart/form-data":
         raise ApiError(415, "unsupported_media_type", "send multipart/form-data")
     upload, form = _form_upload(model, svc)
+    if form.stream:  # only a transcription's may be true (a translation's refuses it)
+        return _openai_stream(svc, upload, form)
     waited, timeout = submit_and_wait(svc, upload, form.options())
     granularities: set[str] = set(form.timestamp_granularities)
     return _sync_answer(waited, form.response_format, granularities, timeout, form.task)
+
+
+def _openai_stream(svc: Services, upload: FileStorage, form: OpenAIForm) -> Response:
+    """OpenAI's `stream=true`: the job's events as OpenAI's stream events (app/jobs/live.py);
+    the synchronous slot is given back once the stream holds its own."""
+    key = _idempotency_key()
+    owner = g.owner
+    sock = client_socket(request.environ)
+    return live.openai_stream_response(
+        svc,
+        owner,
+        lambda: create_upload_job(svc, upload, form.options(), owner, key)[0],
+        diarized=form.response_format == "diarized_json",
+        gone=lambda: client_gone(sock),
+    )
 
 
 def submit_and_wait(
