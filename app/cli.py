@@ -17,6 +17,7 @@ import click
 from click.shell_completion import CompletionItem
 from tqdm import tqdm
 
+from app import cli_follow
 from app.cli_client import ApiClient, CliError, MultipartUpload
 from app.cli_errors import one_line_errors
 from app.config import (
@@ -229,6 +230,13 @@ def _print_transcript(client: ApiClient, job_id: str, fmt: str) -> None:
     click.echo(response.text.rstrip("\n"))
 
 
+def _require_success(job: dict[str, Any]) -> None:
+    """An ended job that did not succeed is the command's error (exit status 1)."""
+    if job["status"] != JobStatus.SUCCEEDED:
+        err = job.get("error") or {}
+        raise CliError(f"job {job['id']} {job['status']}: {err.get('message', 'no transcript')}")
+
+
 def _after_submit(
     client: ApiClient,
     job: dict[str, Any],
@@ -237,17 +245,22 @@ def _after_submit(
     fmt: str,
     timeout: float,
     progress: bool | None,
+    follow: bool = False,
 ) -> None:
-    """What `submit` shows once the job exists: the job itself, or with --wait its transcript.
-    (Another way of following the job, such as its event stream, goes here.)"""
-    if not wait:
+    """What `submit` shows once the job exists: the job itself; with --follow its segments as
+    they come and its progress (app/cli_follow.py); with --wait its transcript at the end."""
+    if follow:
+        job = cli_follow.follow(
+            client, job["id"], timeout=timeout, progress=progress, print_segments=not wait
+        )
+    elif not wait:
         click.echo(json.dumps(job, indent=2))
         return
-    job = _wait(client, job["id"], timeout, progress)
-    if job["status"] != JobStatus.SUCCEEDED:
-        err = job.get("error") or {}
-        raise CliError(f"job {job['id']} {job['status']}: {err.get('message', 'no transcript')}")
-    _print_transcript(client, job["id"], fmt)
+    else:
+        job = _wait(client, job["id"], timeout, progress)
+    _require_success(job)
+    if wait:
+        _print_transcript(client, job["id"], fmt)
 
 
 _FORMAT = click.Choice([f for f in FORMATS if f != "text"])
@@ -256,6 +269,12 @@ _FORMAT = click.Choice([f for f in FORMATS if f != "text"])
 @main.command("submit")
 @click.argument("source", type=click.Path(dir_okay=False, allow_dash=False))
 @click.option("--wait", is_flag=True, help="Wait for the transcript and print it.")
+@click.option(
+    "--follow",
+    is_flag=True,
+    help="Print the segments as they are transcribed, with the job's progress and ETA on "
+    "stderr; exit with the job's outcome (with --wait: the progress, then the transcript).",
+)
 @click.option(
     "--format",
     "fmt",
@@ -287,7 +306,9 @@ _FORMAT = click.Choice([f for f in FORMATS if f != "text"])
 @click.option(
     "--idempotency-key", default=None, help="A retry with the same key gets the same job."
 )
-@click.option("--timeout", default=600.0, show_default=True, help="Seconds to wait with --wait.")
+@click.option(
+    "--timeout", default=600.0, show_default=True, help="Seconds to wait with --wait or --follow."
+)
 @click.option(
     "--progress/--no-progress",
     default=None,
@@ -297,6 +318,7 @@ _FORMAT = click.Choice([f for f in FORMATS if f != "text"])
 def submit(
     source: str,
     wait: bool,
+    follow: bool,
     fmt: str,
     idempotency_key: str | None,
     timeout: float,
@@ -309,7 +331,26 @@ def submit(
     later."""
     client = ApiClient.from_env()
     job = _create_job(client, source, _job_fields(options), idempotency_key, progress)
-    _after_submit(client, job, wait=wait, fmt=fmt, timeout=timeout, progress=progress)
+    _after_submit(
+        client, job, wait=wait, fmt=fmt, timeout=timeout, progress=progress, follow=follow
+    )
+
+
+@main.command("follow")
+@click.argument("job_id", metavar="JOB", shell_complete=_complete_job_ids)
+@click.option("--timeout", default=3600.0, show_default=True, help="Seconds to follow, at most.")
+@click.option(
+    "--progress/--no-progress",
+    default=None,
+    help="The progress bar on stderr (default: when stderr is a terminal).",
+)
+@one_line_errors
+def follow_job(job_id: str, timeout: float, progress: bool | None) -> None:
+    """Print JOB's segments as they are transcribed (from the start), with its progress and
+    ETA; exit with the job's outcome."""
+    client = ApiClient.from_env()
+    job = cli_follow.follow(client, job_id, timeout=timeout, progress=progress)
+    _require_success(job)
 
 
 @main.command("transcript")

@@ -146,19 +146,24 @@ def _sync_audio_op(
 ) -> dict[str, Any]:
     """An OpenAI-compatible synchronous audio operation (transcriptions, translations): the
     answer in `response_format`, and every refusal the synchronous path can give."""
-    refusals = ("400", "401", "408", "409", "413", "415", "422", "502", "503", "504")
+    refusals = ("400", "401", "408", "409", "413", "415", "422", "429", "502", "503", "504")
+    content: dict[str, Any] = {
+        "application/json": {},
+        "text/plain": {},
+        "application/x-subrip": {},
+        "text/vtt": {},
+    }
+    if path == "/v1/audio/transcriptions":
+        answer += (
+            "; with stream=true, text/event-stream: OpenAI's transcript.text.delta events as "
+            "segments are transcribed (transcript.text.segment events too for diarized_json), "
+            'then transcript.text.done; an error after the start is a data line {"error": ...}'
+        )
+        content["text/event-stream"] = {"schema": {"type": "string"}}
     return _op(
         summary,
         {
-            "200": {
-                "description": answer,
-                "content": {
-                    "application/json": {},
-                    "text/plain": {},
-                    "application/x-subrip": {},
-                    "text/vtt": {},
-                },
-            },
+            "200": {"description": answer, "content": content},
             **dict.fromkeys(refusals, _ERROR),
         },
         parameters=[idempotency_key],
@@ -346,6 +351,46 @@ def openapi_document() -> dict[str, Any]:
                         "409": _ERROR,
                     },
                     parameters=_query("/v1/jobs/{job_id}", "delete"),
+                ),
+            },
+            "/v1/jobs/{job_id}/events": {
+                "parameters": [
+                    _job_id(),
+                    {
+                        "name": "Last-Event-ID",
+                        "in": "header",
+                        "required": False,
+                        "description": "Resume after this event (the id of an event this "
+                        "stream sent): what came after it, never an event twice",
+                        "schema": {"type": "string"},
+                    },
+                ],
+                "get": _op(
+                    "Watch a job: Server-Sent Events (status, attempt, progress, segment, done)",
+                    {
+                        "200": {
+                            "description": "text/event-stream: `event: status` {status}; "
+                            "`event: attempt` {attempt, superseded} when a redelivered job "
+                            "starts again (drop the segments of earlier attempts); `event: "
+                            "progress` {progress, done_seconds, total_seconds, eta_seconds}; "
+                            "`event: segment` {id, start, end, text, speaker?, words? (when "
+                            "the job asked for word timestamps)}; `event: done` (the job's "
+                            "JSON), then the stream ends. Every event has an `id:`; comment "
+                            "heartbeats keep it open; an error after the start is `event: "
+                            "error`",
+                            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                        },
+                        "204": {"description": "Last-Event-ID was the `done` event's"},
+                        "400": _ERROR,
+                        "401": _ERROR,
+                        "404": _ERROR,
+                        "429": {
+                            **_ERROR,
+                            "description": "too_many_streams: this token has "
+                            "api.streams_per_token streams open",
+                        },
+                        "503": _ERROR,
+                    },
                 ),
             },
             "/v1/jobs/{job_id}/transcript": {

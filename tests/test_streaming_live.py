@@ -6,6 +6,7 @@ job's progress on a long file: tests/test_progress_live.py."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import threading
 import time
@@ -21,11 +22,13 @@ import requests
 from celery import Celery
 from openai import OpenAI
 
+from app.cli_follow import segment_line
 from app.jobs.dispatch import dispatch_job, requeue_job, withdraw_messages
 from app.models import Job, JobStatus
 from app.services import utc_clock
 from tests.conftest import API_TOKEN, FIXTURES, REDIS_URL, LiveApi, api_get, auth, wait_for
 from tests.test_cancel_running import TINY_PROFILE, upload
+from tests.test_cli import client_env, murmur
 from tests.test_pipeline import transcript
 
 # `serial`: the first delta's time is compared with the whole job's, which a parallel test
@@ -191,3 +194,23 @@ def test_a_job_redelivered_mid_way_streams_each_segment_once(
     with live_api.db.session() as s:
         row = s.get(Job, job["id"])
         assert row is not None and row.attempts == 2 and row.status == JobStatus.SUCCEEDED.value
+
+
+def test_the_cli_follows_a_job_to_its_end(
+    live_api: LiveApi, start_worker: Any, tmp_path: Path
+) -> None:
+    start_worker()
+    env = client_env(live_api)
+    path = speech(tmp_path / "three-minutes.wav", 2)
+    followed = murmur(["submit", str(path), "--follow", "--progress"], env, timeout=300)
+    assert followed.returncode == 0, followed.stderr
+    job_id = api_get(live_api, "/v1/jobs").json()["data"][0]["id"]
+    final = transcript(live_api, job_id, "verbose_json").json()["segments"]
+    assert followed.stdout.splitlines() == [segment_line(s) for s in final]
+    # The bar is driven by real progress: seconds of audio done of the total, with an ETA.
+    total = api_get(live_api, f"/v1/jobs/{job_id}").json()["duration_seconds"]
+    assert re.search(rf"\b\d+/{total:.0f} s audio, eta \d+ s", followed.stderr), followed.stderr
+    assert f"{job_id} running" in followed.stderr and "100%" in followed.stderr
+    # Following an ended job replays it.
+    again = murmur(["follow", job_id, "--no-progress"], env)
+    assert again.returncode == 0 and again.stdout == followed.stdout
