@@ -123,6 +123,7 @@ def _api(tmp_path: Path, redis_url: str) -> AbstractContextManager[Gunicorn]:
         threads=2,
         MURMUR_SCRAPE_TOKEN=SCRAPE_TOKEN,
         MURMUR_SYNC_TIMEOUT_SECONDS="120",
+        MURMUR_STREAM_HEARTBEAT_SECONDS="2",
     )
 
 
@@ -391,3 +392,23 @@ def test_the_front_adds_the_operators_token_for_wasr_clients_only(
         refused = asr(Authorization="Bearer not-a-token")
         assert refused.status_code == 401
         assert edge.get("/v1/jobs").status_code == 401
+
+
+def test_an_event_stream_passes_the_edge_unbuffered(edge: Edge) -> None:
+    """A queued job's stream through the front: its first event and the heartbeats arrive as
+    the API writes them, not when the stream ends (it never does while the job waits)."""
+    job_id = _submit(edge)
+    started = time.monotonic()
+    with requests.get(
+        f"{edge.url}/v1/jobs/{job_id}/events",
+        headers=auth(),
+        verify=edge.ca,
+        stream=True,
+        timeout=30,
+    ) as response:
+        assert response.status_code == 200
+        assert response.headers["Content-Type"].startswith("text/event-stream")
+        lines = response.iter_lines(decode_unicode=True)
+        assert next(line for line in lines if line.startswith("event: ")) == "event: status"
+        assert next(line for line in lines if line.startswith(":")) == ": heartbeat"
+    assert time.monotonic() - started < 25
