@@ -16,6 +16,7 @@ from celery.exceptions import Retry
 
 from app.celery_config import DELIVER_WEBHOOK, FETCH_AUDIO, SWEEP_FETCHES, SWEEP_WEBHOOKS
 from app.jobs import delivery, fetch
+from app.jobs.fetch_spool import FetchSpool
 from app.jobs.io_slots import SLOT_WAIT_SECONDS, SlotsBusy, busy_countdown
 from tasks import context
 from tasks.celery_app import celery_app
@@ -102,5 +103,8 @@ def sweep_webhooks() -> int:
 
 @celery_app.task(name=SWEEP_FETCHES.name, ignore_result=True)
 def sweep_fetches() -> int:
-    """Beat: send again the fetch of every URL job whose message was lost."""
-    return fetch.resend_stranded(context.services())
+    """Beat: send again the fetch of every URL job whose message was lost, and delete kept
+    downloads past their age (app/jobs/fetch_spool.py)."""
+    svc = context.services()
+    FetchSpool.of(svc.settings).prune()
+    return fetch.resend_stranded(svc)
