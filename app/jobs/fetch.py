@@ -31,6 +31,7 @@ from app.celery_config import FETCH_AUDIO
 from app.db import rows_changed
 from app.deadline import exchange_deadline
 from app.errors import Refused
+from app.fleet.served import note_served
 from app.jobs import service
 from app.jobs.fetch_spool import FetchSpool
 from app.jobs.io_slots import FETCH_DEADLINE_SECONDS, IoSlots, SlotsBusy
@@ -108,7 +109,9 @@ def fetch_audio(svc: Services, slots: IoSlots, job_id: str) -> None:
     if not moved:
         store.delete(key)
         return
-    service.try_dispatch_now(db, settings, svc.celery, job_id, now=svc.clock())
+    now = svc.clock()
+    if service.try_dispatch_now(db, settings, svc.celery, job_id, now=now):
+        note_served(svc.redis, [job.owner], now)  # fair dispatch's memory (app/fleet/served.py)
 
 
 def _fetch_and_probe(svc: Services, slots: IoSlots, job: Job) -> tuple[Path, int, float] | None:
