@@ -82,13 +82,10 @@ def fetch_audio(svc: Services, slots: IoSlots, job_id: str) -> None:
         staged = store.staging_path()
     key = staged.name + ".audio"
     try:
-        if kept is not None:
-            spool.staged_copy(kept, staged)
+        if kept is not None and not spool.staged_copy(kept, staged):
+            # The kept copy went meanwhile (another fetch of the job stored it): the retry sees.
+            raise SlotsBusy("audio store")
         store.commit(staged, key)
-    except FileNotFoundError:
-        # The kept copy went meanwhile (another fetch of the job stored it): the retry sees.
-        staged.unlink(missing_ok=True)
-        raise SlotsBusy("audio store") from None
     except Refused as err:
         staged.unlink(missing_ok=True)
         if err.code == "storage_unavailable":

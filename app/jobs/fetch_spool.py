@@ -89,18 +89,22 @@ class FetchSpool:
         os.replace(staged, path)
         return Kept(path, size, duration_seconds)
 
-    def staged_copy(self, kept: Kept, staged: Path) -> Path:
-        """`staged` (a fresh staging file of the store) made the kept content: a hard link, or
-        a copy across filesystems. FileNotFoundError if the entry went meanwhile."""
+    def staged_copy(self, kept: Kept, staged: Path) -> bool:
+        """Make `staged` (a fresh staging file of the store) the kept content: a hard link, or
+        a copy across filesystems. False, with `staged` removed, if the entry went meanwhile."""
         staged.unlink(missing_ok=True)
         try:
             os.link(kept.path, staged)
         except FileNotFoundError:
-            raise
+            return False
         except OSError:  # another filesystem, or one without links
-            with full_is_refused():
-                shutil.copyfile(kept.path, staged)
-        return staged
+            try:
+                with full_is_refused():
+                    shutil.copyfile(kept.path, staged)
+            except FileNotFoundError:
+                staged.unlink(missing_ok=True)
+                return False
+        return True
 
     def discard(self, job_id: str) -> None:
         """Delete the job's kept download, if any."""
