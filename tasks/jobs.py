@@ -4,8 +4,9 @@ peer (app/jobs/io_slots.py); one that finds none (or finds the audio store away)
 its own back-off (`busy_countdown`) for as long as `SLOT_WAIT_SECONDS` from its first try: the
 tasks set `max_retries=None`, since `self.retry(max_retries=None)` alone means Celery's default
 cap (3), after which the job sat queued until the resend sweep (issue 32 §5). Past the wait
-deadline a fetch fails its job saying why; a webhook leaves its attempt to the sweep, which
-counts it against the delivery's own attempts."""
+deadline a fetch fails its job saying why; a webhook is failed by its next try once past its
+delivery deadline (`webhooks.DELIVERY_DEADLINE`, the same 30 minutes, counted from the job's
+end), never left to the sweep."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from celery.exceptions import Retry
 
 from app.celery_config import DELIVER_WEBHOOK, FETCH_AUDIO, SWEEP_FETCHES, SWEEP_WEBHOOKS
 from app.jobs import delivery, fetch
+from app.jobs.fetch_spool import FetchSpool
 from app.jobs.io_slots import SLOT_WAIT_SECONDS, SlotsBusy, busy_countdown
 from tasks import context
 from tasks.celery_app import celery_app
@@ -68,13 +70,9 @@ def deliver_webhook(self: Task, job_id: str, waiting_since: float | None = None)
             svc.settings, svc.db, job_id, svc.clock, context.io_slots()
         )
     except SlotsBusy:
-        # No attempt was claimed: the webhook stays due, for this retry or the sweep.
-        since, waited = _waited(waiting_since, svc.clock().timestamp())
-        if waited >= SLOT_WAIT_SECONDS:
-            log.warning(
-                "webhook of %s waited %.0f s for a slot; the sweep takes it over", job_id, waited
-            )
-            return
+        # No attempt was claimed: the webhook stays due, for this retry (or the sweep), until
+        # its delivery deadline, when the next of them fails it (app/jobs/webhooks.py).
+        since, _ = _waited(waiting_since, svc.clock().timestamp())
         countdown = busy_countdown(self.request.retries)
     else:
         if settled is None or settled.next_at is None:
@@ -102,5 +100,8 @@ def sweep_webhooks() -> int:
 
 @celery_app.task(name=SWEEP_FETCHES.name, ignore_result=True)
 def sweep_fetches() -> int:
-    """Beat: send again the fetch of every URL job whose message was lost."""
-    return fetch.resend_stranded(context.services())
+    """Beat: send again the fetch of every URL job whose message was lost, and delete kept
+    downloads past their age (app/jobs/fetch_spool.py)."""
+    svc = context.services()
+    FetchSpool.of(svc.settings).prune()
+    return fetch.resend_stranded(svc)

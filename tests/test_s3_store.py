@@ -490,8 +490,11 @@ def test_a_url_jobs_audio_is_fetched_into_the_bucket(
         fetch_audio(svc, slots, ids[1])
     waiting = _job(live_api.db, ids[1])
     assert (waiting.status, waiting.audio_key) == ("queued", None)
-    assert [p for p in Path(live_api.settings.storage_path).rglob("*") if p.is_file()] == []
+    # Only the download, kept for the retry (app/jobs/fetch_spool.py): nothing staged.
+    left = [p for p in Path(live_api.settings.storage_path).rglob("*") if p.is_file()]
+    assert [(p.parent.name, p.name.partition("~")[0]) for p in left] == [(".fetched", ids[1])]
     s3_server.make_bucket(bucket)  # back: the retried fetch stores the audio once
     fetch_audio(svc, slots, ids[1])
     key = _job(live_api.db, ids[1]).audio_key
     assert key is not None and s3_server.keys(bucket) == [key]
+    assert [p for p in Path(live_api.settings.storage_path).rglob("*") if p.is_file()] == []

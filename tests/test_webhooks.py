@@ -4,10 +4,12 @@ delays a webhook, never loses it; each attempt is sent once; a receiver that alw
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import ExitStack
 from datetime import datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -23,8 +25,8 @@ from app.config import Settings
 from app.credentials import InstanceCredential
 from app.db import Database
 from app.jobs import service, webhooks
-from app.jobs.delivery import deliver_due
-from app.jobs.io_slots import IoSlots
+from app.jobs.delivery import attempt_webhook, deliver_due
+from app.jobs.io_slots import IoSlots, SlotsBusy
 from app.models import Job, WorkerState, utcnow
 from app.services import utc_clock
 from tasks.celery_app import celery_app
@@ -258,3 +260,61 @@ def test_a_webhook_announced_while_the_broker_was_down_arrives_exactly_once(
     assert job.webhook_status == "delivered"
     assert job.webhook_attempts == 2
     assert job_id.encode() in receiver.delivered[0]
+
+
+def test_a_webhook_past_its_deadline_is_failed_not_left_to_the_sweep(
+    db: Database, loopback_settings: Settings, slots: IoSlots, caplog: Any
+) -> None:
+    """Issue 32 §5: a webhook whose token's receivers hold every webhook slot waited, its task
+    then logged "the sweep takes it over", and the sweep skipped it for as long as the slots
+    stayed busy: it never ended. Past its delivery deadline it now ends `failed`, saying so."""
+    receiver = Receiver()  # would accept it: nothing may be sent past the deadline
+    try:
+        job_id = finished_job(db, receiver.url)
+        clock = Clock()
+        with ExitStack() as held:
+            for _ in range(loopback_settings.io.webhooks_per_token):  # every slot of the token
+                held.enter_context(slots.held(slots.webhooks, "owner"))
+            with pytest.raises(SlotsBusy):  # within the deadline: it waits, no attempt counted
+                attempt_webhook(loopback_settings, db, job_id, clock, slots)
+            assert deliver_due(loopback_settings, db, clock, slots) == 0
+            assert row(db, job_id).webhook_status == "pending"
+            clock.now += webhooks.DELIVERY_DEADLINE + timedelta(seconds=1)
+            with caplog.at_level(logging.WARNING, logger="app.jobs.delivery"):
+                settled = attempt_webhook(loopback_settings, db, job_id, clock, slots)
+        assert settled == webhooks.Settled("failed", None)
+        # Failed once: the sweep finds nothing due, even with the slots free again.
+        assert deliver_due(loopback_settings, db, clock, slots) == 0
+    finally:
+        receiver.close()
+    job = row(db, job_id)
+    assert (job.webhook_status, job.webhook_attempts, job.webhook_next_at) == ("failed", 0, None)
+    assert receiver.posts == []
+    seconds = int(webhooks.DELIVERY_DEADLINE.total_seconds())
+    assert [r.getMessage() for r in caplog.records] == [
+        f"webhook for {job_id} gave up after 0 tries "
+        f"(not delivered within {seconds} s of the job's end: its deadline)"
+    ]
+
+
+def test_the_sweep_fails_a_webhook_past_its_deadline_but_not_under_an_attempt(
+    db: Database, loopback_settings: Settings, slots: IoSlots
+) -> None:
+    receiver = Receiver(statuses=[503, 503])
+    try:
+        job_id, sending = finished_job(db, receiver.url), finished_job(db, receiver.url)
+        clock = Clock()
+        assert deliver_due(loopback_settings, db, clock, slots) == 2  # one failed attempt each
+        clock.now += webhooks.DELIVERY_DEADLINE
+        # A deliverer holds the lease of an attempt of the second: it is not failed under it,
+        # and the attempt's outcome is what is recorded.
+        assert webhooks.claim_attempt(db, sending, clock.now) == 2
+        assert not webhooks.expire(db, sending, clock.now)
+        assert deliver_due(loopback_settings, db, clock, slots) == 1
+        assert webhooks.settle_attempt(db, sending, 2, True, clock.now) is not None
+    finally:
+        receiver.close()
+    job = row(db, job_id)
+    assert (job.webhook_status, job.webhook_attempts) == ("failed", 1)
+    assert row(db, sending).webhook_status == "delivered"
+    assert len(receiver.posts) == 2

@@ -225,16 +225,20 @@ def _audio_path(client: Any, worker: Worker, job_id: str) -> str:
 def test_a_signed_audio_url_stops_working_once_the_job_is_not_running(
     client: Any, db: Database
 ) -> None:
-    worker = add_worker(db, state=WorkerState.READY)
-    finished, cancelled, handed_back = submit(client), submit(client), submit(client)
-
+    # Each job is submitted beside an idle worker, which claims it (a token's second job is
+    # not dispatched at submission while its first waits on the queue: app/jobs/service.py).
+    worker, other, third = (add_worker(db, state=WorkerState.READY) for _ in range(3))
+    finished = submit(client)
     path = _audio_path(client, worker, finished)
+    cancelled = submit(client)
+    cancelled_path = _audio_path(client, other, cancelled)
+    handed_back = submit(client)
+    released_path = _audio_path(client, third, handed_back)
+
     assert client.get(path).status_code == 200
     assert call(client, worker, f"/jobs/{finished}/result", RESULT).get_json() == {"stored": True}
-    cancelled_path = _audio_path(client, worker, cancelled)
     assert client.delete(f"/v1/jobs/{cancelled}", headers=auth()).status_code == 200
-    released_path = _audio_path(client, worker, handed_back)
-    assert call(client, worker, f"/jobs/{handed_back}/release").get_json() == {"released": True}
+    assert call(client, third, f"/jobs/{handed_back}/release").get_json() == {"released": True}
 
     for stale in (path, cancelled_path, released_path):
         refused = client.get(stale)

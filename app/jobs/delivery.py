@@ -7,7 +7,9 @@ its data delays a webhook by one sweep, never loses it.
 
 Each attempt holds a webhook slot (app/jobs/io_slots.py), taken before the attempt is claimed:
 with none free the task raises `SlotsBusy` and tries again shortly, and the sweep leaves that
-webhook due for a later round; either way no attempt is counted.
+webhook due for a later round; either way no attempt is counted. A webhook found due past its
+delivery deadline (app/jobs/webhooks.py DELIVERY_DEADLINE) is failed at once, by the task or
+the sweep, whichever comes first, with the same log line as one whose attempts ran out.
 """
 
 from __future__ import annotations
@@ -93,9 +95,18 @@ def attempt_webhook(
     `SlotsBusy` when the job's token, or all tokens, have as many attempts running as allowed:
     nothing is claimed then."""
     with db.reader() as s:
-        owner = s.execute(select(Job.owner).where(Job.id == job_id)).scalar_one_or_none()
-    if owner is None:
+        found = s.execute(
+            select(Job.owner, Job.finished_at, Job.webhook_attempts).where(Job.id == job_id)
+        ).one_or_none()
+    if found is None:
         return None  # purged meanwhile
+    owner, finished_at, tries = found
+    now = clock()
+    if webhooks.past_deadline(finished_at, now) and webhooks.expire(db, job_id, now):
+        log.warning(
+            "webhook for %s gave up after %d tries (%s)", job_id, tries, _past_deadline_reason()
+        )
+        return webhooks.Settled(WebhookStatus.FAILED, None)
     with slots.held(slots.webhooks, owner):
         attempt = webhooks.claim_attempt(db, job_id, clock())
         if attempt is None:
@@ -106,6 +117,11 @@ def attempt_webhook(
     if settled is not None and settled.status is WebhookStatus.FAILED:
         log.warning("webhook for %s gave up after %d tries (%s)", job_id, attempt, reason)
     return settled
+
+
+def _past_deadline_reason() -> str:
+    seconds = int(webhooks.DELIVERY_DEADLINE.total_seconds())
+    return f"not delivered within {seconds} s of the job's end: its deadline"
 
 
 def _send_webhook(settings: Settings, job: Job, timestamp: int) -> tuple[bool, str]:

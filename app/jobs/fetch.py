@@ -9,7 +9,9 @@ past its submission, with no such mark, gets one new message at most every few m
 fetches of one job at once store the audio once (compare-and-set) and fail it only while it
 still waits for its audio. The exchange with the URL's
 server holds a fetch slot (app/jobs/io_slots.py): with none free it raises `SlotsBusy` before
-anything is fetched, and its task tries again later.
+anything is fetched, and its task tries again later. A download the audio store cannot take
+(an outage) is kept on the I/O host's disk (app/jobs/fetch_spool.py, bounded there) and the
+fetch raises `SlotsBusy`: its retries try the store again, they do not download again.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ from app.celery_config import FETCH_AUDIO
 from app.db import rows_changed
 from app.deadline import exchange_deadline
 from app.errors import Refused
+from app.fleet.served import note_served
 from app.jobs import service
+from app.jobs.fetch_spool import FetchSpool
 from app.jobs.io_slots import FETCH_DEADLINE_SECONDS, IoSlots, SlotsBusy
 from app.models import Job, JobStatus
 from app.services import Services
@@ -57,18 +61,66 @@ def fetch_audio(svc: Services, slots: IoSlots, job_id: str) -> None:
     """Download a URL job's audio (SSRF-checked, size-capped), store it, then dispatch it.
 
     Raises `SlotsBusy` (having done nothing) when the job's token, or all tokens together,
-    already have as many fetches running as `io` allows."""
+    already have as many fetches running as `io` allows, and (keeping the download in the
+    spool, app/jobs/fetch_spool.py) when the audio store is unavailable."""
     settings, db, store = svc.settings, svc.db, svc.storage
+    spool = FetchSpool.of(settings)
     job = service.get_job(db, job_id)
     if job.status != JobStatus.QUEUED.value or job.audio_key is not None or not job.source_url:
-        return  # redelivered after success, or cancelled meanwhile
+        spool.discard(job_id)  # redelivered after success, or cancelled meanwhile
+        return
     _mark_alive(svc.redis, job_id)
-    fail = partial(_fail, svc, job_id)
-    staged = store.staging_path()
+    kept = spool.find(job_id)
+    if kept is None:
+        fetched = _fetch_and_probe(svc, slots, job)
+        if fetched is None:
+            return  # the job failed, saying why
+        staged, size, duration = fetched
+        kept = spool.keep(job_id, staged, duration)
+    if kept is not None:
+        size, duration = kept.size, kept.duration_seconds
+        staged = store.staging_path()
+    key = staged.name + ".audio"
+    try:
+        if kept is not None and not spool.staged_copy(kept, staged):
+            # The kept copy went meanwhile (another fetch of the job stored it): the retry sees.
+            raise SlotsBusy("audio store")
+        store.commit(staged, key)
+    except Refused as err:
+        staged.unlink(missing_ok=True)
+        if err.code == "storage_unavailable":
+            # An outage of the audio store passes: the job waits, its fetch retries the store
+            # with the kept download.
+            raise SlotsBusy("audio store") from None
+        spool.discard(job_id)
+        _fail(svc, job_id, err.code, err.message)  # the store refused the audio (full): why
+        return
+    spool.discard(job_id)
+    with db.session() as s:
+        moved = rows_changed(
+            s,
+            update(Job)
+            .where(Job.id == job_id, Job.status == JobStatus.QUEUED.value, Job.audio_key.is_(None))
+            .values(audio_key=key, size_bytes=size, duration_seconds=duration),
+        )
+    if not moved:
+        store.delete(key)
+        return
+    now = svc.clock()
+    if service.try_dispatch_now(db, settings, svc.celery, job_id, now=now):
+        note_served(svc.redis, [job.owner], now)  # fair dispatch's memory (app/fleet/served.py)
+
+
+def _fetch_and_probe(svc: Services, slots: IoSlots, job: Job) -> tuple[Path, int, float] | None:
+    """Download the job's URL into a staging file and probe it: (file, size, duration), or
+    None when the job failed (saying why). `SlotsBusy` when it should wait and retry."""
+    settings = svc.settings
+    fail = partial(_fail, svc, job.id)
+    staged = svc.storage.staging_path()
     limit = settings.api.max_upload_bytes
     try:
         with slots.held(slots.fetches, job.owner):
-            size = _fetch(job.source_url, staged, limit, settings.api.allow_private_urls)
+            size = _fetch(str(job.source_url), staged, limit, settings.api.allow_private_urls)
         info = probe_audio(staged, settings.api.max_audio_seconds)
     except SlotsBusy:
         staged.unlink(missing_ok=True)
@@ -81,39 +133,19 @@ def fetch_audio(svc: Services, slots: IoSlots, job_id: str) -> None:
         code = "url_not_audio" if err.code in ("invalid_audio", "empty_file") else err.code
         message = err.message if code != "url_not_audio" else f"the URL's content: {err.message}"
         fail(code, message)
-        return
+        return None
     except requests.RequestException as exc:
         staged.unlink(missing_ok=True)
         fail("url_fetch_failed", f"fetching the URL failed: {type(exc).__name__}")
-        return
+        return None
     except Exception as exc:
         # Anything else (disk full, a decoder error) must still end the job: a URL job left
         # queued without audio has no other path forward.
         staged.unlink(missing_ok=True)
-        log.exception("fetching audio for %s failed", job_id)
+        log.exception("fetching audio for %s failed", job.id)
         fail("url_fetch_failed", f"storing the URL's content failed: {type(exc).__name__}")
-        return
-    key = staged.name + ".audio"
-    try:
-        store.commit(staged, key)
-    except Refused as err:
-        staged.unlink(missing_ok=True)
-        if err.code == "storage_unavailable":
-            # An outage of the audio store passes: the job waits and its fetch retries.
-            raise SlotsBusy("audio store") from None
-        fail(err.code, err.message)  # the store refused the audio itself (full): say why
-        return
-    with db.session() as s:
-        moved = rows_changed(
-            s,
-            update(Job)
-            .where(Job.id == job_id, Job.status == JobStatus.QUEUED.value, Job.audio_key.is_(None))
-            .values(audio_key=key, size_bytes=size, duration_seconds=info.duration_seconds),
-        )
-    if not moved:
-        store.delete(key)
-        return
-    service.try_dispatch_now(db, settings, svc.celery, job_id, now=svc.clock())
+        return None
+    return staged, size, info.duration_seconds
 
 
 def _fetch(url: str, staged: Path, limit: int, allow_private: bool) -> int:
@@ -218,6 +250,7 @@ def _fail(svc: Services, job_id: str, code: str, message: str) -> None:
 def give_up_waiting(svc: Services, job_id: str, waited: str, seconds: float) -> None:
     """End a URL job whose fetch waited `seconds` (past io_slots.SLOT_WAIT_SECONDS) for what
     `waited` names (a fetch slot, the audio store, name resolution), saying so."""
+    FetchSpool.of(svc.settings).discard(job_id)
     _fail(
         svc,
         job_id,

@@ -147,7 +147,8 @@ def insert_job(
     """Commit a new job row; (job, created). An idempotency key already used returns that job.
 
     With `settings` and stored audio, the job is routed in the same transaction: it is written
-    as `dispatched` to the first profile with a live worker, and the caller sends the message
+    as `dispatched` to a profile whose idle worker may take it (`routable_profile`), and the
+    caller sends the message
     (`app.jobs.dispatch.send_dispatched`). Otherwise it stays `queued` for the reconcile.
     """
     job = Job(
@@ -176,7 +177,7 @@ def insert_job(
     try:
         with db.session() as s:
             if settings is not None and job.audio_key is not None:
-                profile = routable_profile(s, settings, now, req.need())
+                profile = routable_profile(s, settings, now, req.owner, req.need())
                 if profile is not None:
                     job.status = JobStatus.DISPATCHED.value
                     job.profile = profile
@@ -230,35 +231,63 @@ def get_transcript(db: Database, job_id: str) -> dict[str, Any] | None:
 
 
 def routable_profile(
-    session: Session, settings: Settings, now: datetime, need: Need | None = None
+    session: Session, settings: Settings, now: datetime, owner: str, need: Need | None = None
 ) -> str | None:
-    """The first enabled profile, in allowlist order, that can serve `need` and take a new
-    job now (only profiles that can serve it count: app/jobs/routing.py).
+    """The profile whose idle worker takes `owner`'s new job at once (only profiles that can
+    serve it count: app/jobs/routing.py), or None: the job stays queued for the reconcile,
+    whose planner dispatches fairly between tokens (app/fleet/dispatch_order.py).
 
-    Submissions use it to dispatch at once when a worker is warm; everything else waits for the
-    reconcile, which provisions workers and re-routes (app.fleet.planner follows the same
-    rules). In order:
-    - a profile that could get a worker (no back-off, no hold) takes the job if it has a live
-      worker (the reconcile grows it for its queue); without one it stops the walk: new work
-      prefers it, so a later fallback's warm worker does not keep the job;
-    - a back-off or a hold only stops new workers: such a profile takes the job if one of its
-      workers is free (not busy, not promised to a job already on its queue);
+    The fast path for the common case: a job submitted beside an idle worker runs without
+    waiting for the reconcile. It never queues a job behind others, so it cannot bypass the
+    planner's fairness: a profile takes the job only if one of its ready workers is idle and
+    not promised to a job already on its queue, and `owner` has no job of its own on that
+    queue yet. One token submitting 1,000 jobs puts one on the queue; the rest wait beside
+    another token's jobs, and the planner takes them in turns. The walk, in allowlist order:
+    - a profile that could get a worker (no back-off, no hold) takes the job if it may (above);
+      else, if it has live workers or could get one, the walk stops: new work prefers it, so
+      a later fallback's warm worker does not keep the job;
+    - a back-off or a hold only stops new workers: such a profile takes the job if it may;
     - otherwise a profile backed off after a stock-out passes the job on to the next profile,
       while one held after another error keeps it queued: no fallback on errors an operator
       must fix.
     """
-    # One round trip on the submission path: (profile, fact, count) rows.
-    serving = [state for state in LIVE_WORKER_STATES if state != WorkerState.DRAINING.value]
+    facts = _routing_facts(session, now, owner)
+    candidates = settings.enabled_profiles
+    if need is not None:
+        candidates = tuple(routing.serving(candidates, need))
+    for profile in candidates:
+        name = profile.name
+        if facts.get((name, "idle"), 0) > facts.get((name, "queued"), 0) and not facts.get(
+            (name, "mine"), 0
+        ):
+            return name
+        backoff, held = (name, "backoff") in facts, (name, "held") in facts
+        if not (backoff or held):
+            if facts.get((name, "live"), 0) > 0 or profile.max_workers > 0:
+                return None
+            continue
+        if held and profile.max_workers > 0:
+            return None
+    return None
+
+
+def _routing_facts(session: Session, now: datetime, owner: str) -> dict[tuple[str, str], int]:
+    """(profile, fact) -> count, in one round trip on the submission path: live workers, ready
+    idle ones, jobs dispatched and not yet claimed (in all, and `owner`'s), back-offs, holds."""
+    dispatched = Job.status == JobStatus.DISPATCHED.value
     rows: Any = session.execute(
         union(
             select(Worker.profile, literal("live"), func.count())
             .where(Worker.state.in_(LIVE_WORKER_STATES))
             .group_by(Worker.profile),
-            select(Worker.profile, literal("free"), func.count())
-            .where(Worker.state.in_(serving), Worker.current_job_id.is_(None))
+            select(Worker.profile, literal("idle"), func.count())
+            .where(Worker.state == WorkerState.READY.value, Worker.current_job_id.is_(None))
             .group_by(Worker.profile),
             select(Job.profile, literal("queued"), func.count())
-            .where(Job.status == JobStatus.DISPATCHED.value, Job.profile.is_not(None))
+            .where(dispatched, Job.profile.is_not(None))
+            .group_by(Job.profile),
+            select(Job.profile, literal("mine"), func.count())
+            .where(dispatched, Job.profile.is_not(None), Job.owner == owner)
             .group_by(Job.profile),
             select(ProfileState.name, literal("backoff"), literal(1)).where(
                 ProfileState.backoff_until > now
@@ -268,36 +297,19 @@ def routable_profile(
             ),
         )
     )
-    facts = {(str(name), str(fact)): int(n) for name, fact, n in rows}
-    candidates = settings.enabled_profiles
-    if need is not None:
-        candidates = tuple(routing.serving(candidates, need))
-    for profile in candidates:
-        name = profile.name
-        backoff, held = (name, "backoff") in facts, (name, "held") in facts
-        if not (backoff or held):
-            if facts.get((name, "live"), 0) > 0:
-                return name
-            if profile.max_workers > 0:
-                return None
-            continue
-        if facts.get((name, "free"), 0) > facts.get((name, "queued"), 0):
-            return name
-        if held and profile.max_workers > 0:
-            return None
-    return None
+    return {(str(name), str(fact)): int(n) for name, fact, n in rows}
 
 
 def try_dispatch_now(
     db: Database, settings: Settings, celery: Celery, job_id: str, *, now: datetime
 ) -> bool:
-    """Dispatch a queued job at once if some profile that can serve it has a live worker (else
-    the reconcile will)."""
+    """Dispatch a queued job at once if an idle worker may take it (`routable_profile`), else
+    leave it to the reconcile."""
     with db.reader() as s:
         job = s.get(Job, job_id)
         if job is None:
             return False
-        profile = routable_profile(s, settings, now, routing.need_of(job))
+        profile = routable_profile(s, settings, now, job.owner, routing.need_of(job))
     if profile is None:
         return False
     return dispatch_job(db, celery, job_id, profile, now=now)

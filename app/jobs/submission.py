@@ -20,6 +20,7 @@ from typing import Protocol
 from app.audio import probe_audio
 from app.celery_config import FETCH_AUDIO
 from app.errors import Refused
+from app.fleet.served import note_served
 from app.jobs import idempotency, service
 from app.jobs.dispatch import send_dispatched
 from app.models import Job, JobStatus
@@ -75,11 +76,12 @@ class Submitter:
         if not created:
             self._forget(audio_key)  # the replay answers, whatever the store says
             return idempotency.replay(job, req.request_hash), False
-        dispatched = job.status == JobStatus.DISPATCHED.value and job.profile is not None
-        if dispatched and not send_dispatched(
-            self.svc.db, self.svc.celery, job.id, str(job.profile)
-        ):
-            job = service.get_job(self.svc.db, job.id)  # back to queued: the reconcile retries
+        if job.status == JobStatus.DISPATCHED.value and job.profile is not None:
+            if send_dispatched(self.svc.db, self.svc.celery, job.id, job.profile):
+                # Fair dispatch's memory (app/fleet/served.py): this token was just served.
+                note_served(self.svc.redis, [job.owner], self.svc.clock())
+            else:
+                job = service.get_job(self.svc.db, job.id)  # back to queued: the reconcile
         return job, True
 
     def url(self, req: service.JobRequest) -> tuple[Job, bool]:

@@ -7,7 +7,10 @@ periodic sweep), so whatever the broker loses, the next sweep finds every webhoo
 An attempt is claimed with one compare-and-set that counts it and pushes `webhook_next_at` a
 lease ahead: two sweeps, or a sweep and a redelivered task, never send the same attempt twice.
 A deliverer that dies mid-attempt leaves the row due again when the lease ends, so delivery is
-at-least-once. After `MAX_ATTEMPTS` failed attempts the webhook is marked `failed`.
+at-least-once. After `MAX_ATTEMPTS` failed attempts the webhook is marked `failed`; so is one
+still undelivered `DELIVERY_DEADLINE` after its job ended (its token's receivers held every
+webhook slot meanwhile, say): the attempt that finds it due past the deadline fails it instead
+of sending, so no webhook waits on the sweep for ever.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import ColumnElement, or_, select, update
 
-from app.db import Database, rows_changed
+from app.db import Database, as_utc, rows_changed
+from app.jobs.io_slots import SLOT_WAIT_SECONDS
 from app.models import FINISHED_STATES, Job, WebhookStatus
 
 OPEN_STATES = tuple(s.value for s in WebhookStatus if s.open)
@@ -27,6 +31,10 @@ MAX_ATTEMPTS = 7
 # to status line): a live deliverer's attempt is never taken over, a dead one's is retried
 # after this.
 LEASE = timedelta(seconds=60)
+# A webhook not delivered this long after its job ended is failed. Far past the retry window
+# (MAX_ATTEMPTS attempts, about four minutes with each attempt's deadline): only a webhook that
+# waited for a slot (app/jobs/io_slots.py) this long, as a URL fetch may, reaches it.
+DELIVERY_DEADLINE = timedelta(seconds=SLOT_WAIT_SECONDS)
 
 
 def backoff(attempt: int) -> timedelta:
@@ -104,3 +112,27 @@ def settle_attempt(
             .values(webhook_status=status.value, webhook_next_at=next_at),
         )
     return Settled(status, next_at) if moved else None
+
+
+def past_deadline(finished_at: datetime | None, now: datetime) -> bool:
+    """Whether a webhook of a job that ended at `finished_at` is past its delivery deadline."""
+    ended = as_utc(finished_at)
+    return ended is not None and ended + DELIVERY_DEADLINE <= now
+
+
+def expire(db: Database, job_id: str, now: datetime) -> bool:
+    """Fail a due webhook past its delivery deadline instead of attempting it; whether it did
+    (not when delivered meanwhile, or while an attempt holds its lease: that one settles it)."""
+    with db.session() as s:
+        moved = rows_changed(
+            s,
+            update(Job)
+            .where(
+                Job.id == job_id,
+                *_due(now),
+                Job.finished_at.is_not(None),
+                Job.finished_at <= now - DELIVERY_DEADLINE,
+            )
+            .values(webhook_status=WebhookStatus.FAILED.value, webhook_next_at=None),
+        )
+    return moved > 0

@@ -9,14 +9,22 @@ workers)` queued jobs (here: one diarize job), and the plain job stayed queued.
 
 from __future__ import annotations
 
+import shutil
+from contextlib import nullcontext
 from datetime import timedelta
 
 import pytest
+from sqlalchemy import select
 
 from app.fleet import snapshot
 from app.fleet.planner import Dispatch, Provision, plan_fleet
 from app.fleet.snapshot import read_snapshot
-from app.models import Job, JobStatus, ProfileState
+from app.jobs.dispatch import _job_of
+from app.jobs.service import JobRequest
+from app.jobs.submission import Submitter
+from app.models import Job, JobStatus, ProfileState, Worker, WorkerState
+from gpu_worker.protocol.broker import queue_name
+from tests.conftest import FIXTURES
 from tests.fleet.conftest import L4, P100, Fleet, MakeFleet
 
 PLAIN = {**L4, "max_workers": 1}
@@ -123,3 +131,78 @@ def test_a_token_behind_a_deeper_backlog_than_the_scan_is_still_offered(
     assert [(a.job_id, a.profile) for a in plan.actions if isinstance(a, Dispatch)] == [
         (plain, "l4-par2")
     ]
+
+
+BACKLOG = 30
+
+
+class _Wav:
+    """An upload as the HTTP layer hands it over (app.jobs.submission.Upload)."""
+
+    def save(self, dst: str) -> None:
+        shutil.copyfile(FIXTURES / "speech-short.wav", dst)
+
+
+def _submit(fleet: Fleet, owner: str) -> str:
+    """A job submitted as `POST /v1/jobs` does, routed (or not) at once."""
+    fleet.clock.advance(0.001)  # one after the other: FIFO within a token is by age
+    submitter = Submitter(fleet.svc, nullcontext)
+    job, created = submitter.upload(JobRequest(owner=owner, source="upload"), _Wav(), str)
+    assert created
+    return job.id
+
+
+def _claim(fleet: Fleet, job_id: str) -> bool:
+    """The plain profile's worker claims `job_id`, taken from its queue: refused (False) for a
+    job no longer dispatched (the worker then drops the message, as a real one does)."""
+    with fleet.db.session() as s:
+        [worker] = s.scalars(select(Worker).where(Worker.state == WorkerState.READY.value))
+        job = s.get(Job, job_id)
+        if job is None or job.status != JobStatus.DISPATCHED.value:
+            return False
+        job.status, job.worker_id = JobStatus.RUNNING.value, worker.id
+        job.started_at = fleet.clock()
+        worker.current_job_id = job_id
+        return True
+
+
+def _served_before(fleet: Fleet, wanted: str) -> list[str]:
+    """The jobs the worker takes from its queue (FIFO, as kombu consumes it) and runs before
+    it takes `wanted`; the reconcile runs whenever the queue is empty."""
+    queue = queue_name("l4-par2")
+    ran: list[str] = []
+    for _ in range(2 * BACKLOG + 4):  # bounded: every job once, a reconcile between each
+        raw = fleet.svc.redis.rpop(queue)
+        if raw is None:
+            fleet.reconcile(advance=1)
+            continue
+        job_id = _job_of(raw if isinstance(raw, bytes) else str(raw).encode())
+        if job_id is None or not _claim(fleet, job_id):
+            continue
+        if job_id == wanted:
+            return ran
+        ran.append(job_id)
+        assert fleet.finish_all() == 1
+    raise AssertionError(f"{wanted} was never taken; the worker ran {len(ran)} jobs")
+
+
+def test_a_backlog_submitted_beside_a_warm_worker_does_not_go_ahead_of_another_token(
+    make_fleet: MakeFleet,
+) -> None:
+    """Issue 32 §1, at submission: a job submitted while a profile had a live worker went
+    straight onto its queue, so token A's 30 jobs, sent while the worker was warm, filled the
+    queue and token B's one waited behind all of them. Now only a job an idle worker takes at
+    once is dispatched at submission (one per token on a queue); the rest wait for the planner,
+    which takes turns between tokens."""
+    fleet = make_fleet([{**L4, "max_workers": 1}])
+    _idle_plain_worker(fleet)
+    fleet.clock.advance(1)
+    backlog = [_submit(fleet, "token-a") for _ in range(BACKLOG)]
+    single = _submit(fleet, "token-b")
+    # The fast path is kept: A's first job went to the idle worker without a reconcile.
+    assert [j.id for j in fleet.jobs(JobStatus.DISPATCHED.value)] == backlog[:1]
+
+    assert _served_before(fleet, single) == backlog[:1]  # one job's turn, not A's backlog
+    # Then A's backlog goes on, in its own order.
+    assert fleet.finish_all() == 1
+    assert _served_before(fleet, backlog[1]) == []

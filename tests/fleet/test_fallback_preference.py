@@ -21,7 +21,7 @@ def submit(fleet: Fleet) -> tuple[str, str | None]:
     """A job as the API takes it: routed at once to a warm profile, or left for the reconcile."""
     [job_id] = fleet.add_jobs(1)
     with fleet.db.reader() as s:
-        profile = routable_profile(s, fleet.svc.settings, fleet.clock())
+        profile = routable_profile(s, fleet.svc.settings, fleet.clock(), "test")
     if profile is not None:
         assert dispatch_job(fleet.db, fleet.svc.celery, job_id, profile, now=fleet.clock())
     return job_id, profile
@@ -50,10 +50,18 @@ def test_after_the_stock_out_clears_new_jobs_go_to_the_preferred_profile(
     assert fleet.ready_all() == 1 and fleet.claim_all() == 1
     assert job_profile(fleet, first) == "p100-par1"
 
-    # While the L4 backs off, the API sends new work to the warm fallback.
+    # While the L4 backs off, the API sends new work to the warm fallback: not behind the job
+    # it runs (that one waits for the reconcile), at once when it is idle.
     fleet.clock.advance(10)
+    behind, routed = submit(fleet)
+    assert routed is None
+    assert fleet.finish_all() == 1
+    fleet.reconcile()
+    assert job_profile(fleet, behind) == "p100-par1" and fleet.claim_all() == 1
+    assert fleet.finish_all() == 1
     during, routed = submit(fleet)
     assert routed == "p100-par1"
+    assert fleet.claim_all() == 1
 
     # Stock is back and the back-off is over: new work waits for an L4, nothing grows the P100.
     fleet.emulator.clear_faults()
@@ -66,13 +74,12 @@ def test_after_the_stock_out_clears_new_jobs_go_to_the_preferred_profile(
     assert sorted(w.profile for w in live(fleet)) == ["l4-par2", "p100-par1"]
     assert len(servers_in(fleet, "fr-par-1")) == 1
     assert fleet.reports[-1].plan is not None
-    assert any("p100-par1: not grown" in r for r in fleet.reports[-1].plan.held_back)
+    assert "p100-par1" not in _provisions(fleet)
 
-    # The P100 finishes what it holds (the job it runs, then the one on its queue)...
-    assert fleet.finish_all() == 1 and fleet.claim_all() == 1
+    # The P100 finishes what it holds...
+    assert fleet.finish_all() == 1
     assert job_profile(fleet, during) == "p100-par1"
     fleet.reconcile(advance=5)
-    assert fleet.finish_all() == 1
     # ...and is retired when idle, while the L4 keeps serving.
     fleet.reconcile(advance=61)
     settle_teardown(fleet)
@@ -81,8 +88,11 @@ def test_after_the_stock_out_clears_new_jobs_go_to_the_preferred_profile(
     [gone] = fleet.workers(WorkerState.DELETED.value)
     assert (gone.profile, gone.delete_reason) == ("p100-par1", "idle")
 
-    # The next job goes to the preferred profile's warm worker.
+    # Once it has run the job it was created for, the next job goes to the preferred
+    # profile's warm worker.
     assert fleet.ready_all() == 1
+    assert fleet.claim_all() == 1 and fleet.finish_all() == 1
+    assert job_profile(fleet, after) == "l4-par2"
     _, routed = submit(fleet)
     assert routed == "l4-par2"
 
@@ -160,14 +170,17 @@ def test_an_idle_preferred_worker_takes_new_work_during_its_back_off(
 
     job, routed = submit(fleet)
     assert routed == "l4-par2"  # the idle L4, not the busy fallback
-    # A second job finds no free L4 worker: the stock-out passes it on to the fallback.
+    # A second job finds no free L4 worker, and the fallback's is busy: it is not queued behind
+    # that one's job at submission, the reconcile places it (the stock-out passes it on).
     second, routed = submit(fleet)
-    assert routed == "p100-par1"
+    assert routed is None
 
     fleet.reconcile(advance=1)
     assert fleet.claim_all() == 1
     assert job_profile(fleet, job) == "l4-par2"
-    assert _provisions(fleet) == ["p100-par1"]  # the fallback grows for its own queue only
+    assert _provisions(fleet) == ["p100-par1"]  # the fallback grows for the job
+    fleet.reconcile(advance=1)
+    assert job_profile(fleet, second) == "p100-par1"  # on the queue of its new worker
 
 
 def test_a_preferred_profile_held_after_an_error_grows_no_fallback(make_fleet: MakeFleet) -> None:
