@@ -229,8 +229,8 @@ def worker_part(base: str, env: dict[str, str], job_id: str) -> float:
         transcriber.transcribe(samples, language="en", prompt=None, word_timestamps=True,
                                checkpoint=watch)  # fmt: skip
         if streaming:
-            watch.flush()
-            reports.append(watch._seq)  # noqa: SLF001 - the bench reads how many it sent
+            watch.flush(final=True)  # as the worker does before it posts the result
+            reports.append(watch.sent)
         return time.perf_counter() - started
 
     run(False), run(True)  # warm-up

@@ -14,6 +14,7 @@ from __future__ import annotations
 import enum
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
@@ -105,6 +106,7 @@ def process_job(job_id: str, context: JobContext) -> Outcome:
     audio_seconds = 0.0
     end: JobEnd = "failed"
     watch = CancelWatch(context.client, job_id, interval_seconds=context.cancel_check_seconds)
+    reporter: Callable[[], None] = watch
     try:
         try:
             samples = _fetch_audio(context.client, claim)
@@ -154,6 +156,7 @@ def process_job(job_id: str, context: JobContext) -> Outcome:
             log.warning("job %s: could not hand back: %s", job_id, exc)
         raise
     finally:
+        progress.close(reporter)
         state.job_finished(
             end,
             processing_seconds=time.monotonic() - started,

@@ -6,11 +6,19 @@ file's seconds) buffers the segment, and at most once per `interval_seconds` (or
 MAX_SEGMENTS are buffered) the buffer goes to the control plane with the seconds done of the
 total (gpu_worker/protocol/progress.py). A failed report is logged and its segments dropped
 from the live view only: the final transcript is the result, not these reports.
+
+Reports are sent by a thread of the watch's own, in order: the transcription never waits on the
+control plane (a slow or retried report costs the decoding nothing), except when OUTBOX reports
+are already waiting, which holds the transcription back rather than drop a report. The final
+`flush` waits up to DRAIN_SECONDS for them to be sent, so the live view has every segment
+before the result is posted, and ends the thread.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
@@ -25,6 +33,9 @@ REPORT_INTERVAL_SECONDS = 1.0
 # a report is sent once this many are buffered.
 MAX_WORDS_PER_SEGMENT = 500
 MAX_BUFFERED_WORDS = 1000
+# Reports waiting to be sent, at most; how long the final flush waits for them.
+OUTBOX = 8
+DRAIN_SECONDS = 10.0
 
 
 @runtime_checkable
@@ -59,6 +70,10 @@ class ProgressWatch:
         self._next_id = 0
         self._words = words
         self._buffered_words = 0
+        self._outbox: queue.Queue[dict[str, Any] | None] = queue.Queue(OUTBOX)
+        self._sender: threading.Thread | None = None
+        self._closing = threading.Event()
+        self.sent = 0  # reports the control plane took (the bench reads it)
         self.enabled = True
 
     def __call__(self) -> None:
@@ -91,25 +106,51 @@ class ProgressWatch:
         if due or full:
             self.flush()
 
-    def flush(self) -> None:
-        """Send what is buffered (nothing when nothing is)."""
-        if not self._buffer or not self.enabled:
-            return
-        self._seq += 1
-        report = {
-            "seq": self._seq,
-            "done_seconds": self._done,
-            "total_seconds": self._total,
-            "segments": [{**s, "text": s["text"][:4000]} for s in self._buffer],
-        }
-        self._buffer = []
-        self._buffered_words = 0
-        self._last = self._clock()
-        try:
-            if not self._client.post_progress(self._job_id, report):
-                self.enabled = False  # not ours any more: the cancel check will say so
-        except ControlPlaneError as exc:
-            log.warning("job %s: progress report failed, carrying on: %s", self._job_id, exc)
+    def flush(self, final: bool = False) -> None:
+        """Queue what is buffered for sending (nothing when nothing is); `final`: then wait
+        for the queued reports to be sent (DRAIN_SECONDS at most) and stop the sender."""
+        if self._buffer and self.enabled:
+            self._seq += 1
+            report = {
+                "seq": self._seq,
+                "done_seconds": self._done,
+                "total_seconds": self._total,
+                "segments": [{**s, "text": s["text"][:4000]} for s in self._buffer],
+            }
+            self._buffer = []
+            self._buffered_words = 0
+            self._last = self._clock()
+            if self._sender is None:
+                self._sender = threading.Thread(target=self._send, name="progress", daemon=True)
+                self._sender.start()
+            self._outbox.put(report)
+        if final and self._sender is not None:
+            self._outbox.put(None)
+            self._sender.join(DRAIN_SECONDS)
+
+    def close(self) -> None:
+        """The job ended another way (cancelled, failed): the sender stops without draining."""
+        self._closing.set()
+
+    def _send(self) -> None:
+        while True:
+            try:
+                report = self._outbox.get(timeout=0.5)
+            except queue.Empty:
+                if self._closing.is_set():
+                    return
+                continue
+            if report is None:
+                return
+            if not self.enabled or self._closing.is_set():
+                continue
+            try:
+                if self._client.post_progress(self._job_id, report):
+                    self.sent += 1
+                else:
+                    self.enabled = False  # not ours any more: the cancel check will say so
+            except ControlPlaneError as exc:
+                log.warning("job %s: progress report failed, carrying on: %s", self._job_id, exc)
 
 
 def with_progress(
@@ -127,7 +168,14 @@ def with_progress(
     return watch
 
 
-def flush(checkpoint: Callable[[], None]) -> None:
-    """Send a ProgressWatch's last buffered segments (nothing for a plain checkpoint)."""
+def close(checkpoint: Callable[[], None]) -> None:
+    """Stop a ProgressWatch's sender without waiting (nothing for a plain checkpoint)."""
     if isinstance(checkpoint, ProgressWatch):
-        checkpoint.flush()
+        checkpoint.close()
+
+
+def flush(checkpoint: Callable[[], None]) -> None:
+    """Send a ProgressWatch's last buffered segments and wait for its reports to be sent
+    (nothing for a plain checkpoint)."""
+    if isinstance(checkpoint, ProgressWatch):
+        checkpoint.flush(final=True)
