@@ -11,8 +11,10 @@ every stream's lease was given back once the clients left.
 
 Part 2 (worker). One loaded model (tiny.en int8, 2 threads) transcribes speech-90s with the
 cancel checkpoint alone and with the progress reporter posting to that API (real HTTP, the
-worker's own client, a worker row holding the job), runs alternating; prints the medians and
-the ratio (target: streaming costs <= 3 % of the processing time).
+worker's own client, a worker row holding the job), runs alternating; prints the medians of
+wall time and of the process's CPU time (every thread: the decoding's and the reporter's) and
+their ratios (target: streaming costs <= 3 % of the processing time; the CPU ratio is the one
+that other work on a shared 2-core machine does not drown).
 
     .venv/bin/python bench/streaming.py [--smoke]
 
@@ -221,32 +223,35 @@ def worker_part(base: str, env: dict[str, str], job_id: str) -> float:
     samples = decode_bounded(str(SPEECH), DEFAULT_MAX_AUDIO_SECONDS)
     reports: list[int] = []
 
-    def run(streaming: bool) -> float:
+    def run(streaming: bool) -> tuple[float, float]:
         watch: Any = lambda: None  # noqa: E731 - the cancel check's place
         if streaming:
             watch = ProgressWatch(watch, client, job_id, samples.shape[0] / 16000)
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         transcriber.transcribe(samples, language="en", prompt=None, word_timestamps=True,
                                checkpoint=watch)  # fmt: skip
         if streaming:
             watch.flush(final=True)  # as the worker does before it posts the result
             reports.append(watch.sent)
-        return time.perf_counter() - started
+        return time.perf_counter() - started, time.process_time() - cpu
 
     run(False), run(True)  # warm-up
     plain, streamed = [], []
     for _ in range(RUNS):
         plain.append(run(False))
         streamed.append(run(True))
-    ratio = statistics.median(streamed) / statistics.median(plain)
     print(f"worker: {SPEECH.name}, tiny.en int8, 2 threads, batch 8, {RUNS} runs each")
-    print(f"  checkpoint only   median {statistics.median(plain):.3f} s {plain}")
-    print(
-        f"  with progress     median {statistics.median(streamed):.3f} s {streamed} "
-        f"({reports[-1]} reports a run)"
-    )
-    print(f"  streaming cost: ratio {ratio:.3f} (target <= 1.03)")
-    return ratio
+    ratios = []
+    for index, name in ((0, "wall"), (1, "CPU (all the process's threads)")):
+        base = statistics.median(r[index] for r in plain)
+        with_reports = statistics.median(r[index] for r in streamed)
+        ratios.append(with_reports / base)
+        print(
+            f"  {name}: checkpoint only median {base:.3f} s, with progress "
+            f"({reports[-1]} reports a run) {with_reports:.3f} s, ratio {ratios[-1]:.3f}"
+        )
+    print(f"  streaming cost: CPU ratio {ratios[1]:.3f}, wall {ratios[0]:.3f} (target <= 1.03)")
+    return ratios[1]
 
 
 def main() -> int:
