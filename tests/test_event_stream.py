@@ -238,3 +238,19 @@ def test_the_hub_wakes_every_waiter_of_a_job_and_no_other(
     # An entry already there wakes at once (no lost wake-up between a read and a wait).
     started = time.monotonic()
     assert hub.wait("job-a", "0-0", 5.0) and time.monotonic() - started < 2
+
+
+def test_a_redis_outage_slows_the_stream_to_its_heartbeats(source: Source) -> None:
+    """Hot events unavailable: no spin on the database, and the outcome still arrives."""
+
+    class Down(Source):
+        def events(self, after: str) -> list[progress.Event]:
+            raise redis.ConnectionError("down")
+
+    down = Down(source.client, source.hub)
+    events = job_events(down, Cursor(), heartbeat_seconds=1.0)
+    assert next(events) is not None  # status, from the database
+    assert next(events) is None  # a heartbeat, after waiting
+    assert down.reads == 1  # the job was read once at the start, not in a loop
+    down.status = "succeeded"
+    assert [e.kind for e in events if e is not None] == ["status", "done"]

@@ -139,8 +139,9 @@ class _Stream:
         try:
             events = self.source.events(self.cursor.entry)
         except redis.RedisError as exc:
+            # The stream waits as usual (its heartbeats read the job), never spins on Redis.
             log.warning("event stream: hot events unavailable: %s", type(exc).__name__)
-            return [], True
+            return [], False
         out: list[Emitted] = []
         marked = False
         for event in events:
