@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
-from faster_whisper import BatchedInferencePipeline, WhisperModel, decode_audio
+from faster_whisper import WhisperModel, decode_audio
 from faster_whisper.transcribe import Segment as WhisperSegment
 
+from gpu_worker.batched import LanguageInBatch
 from gpu_worker.manifest import VerifiedAsset
 from gpu_worker.protocol.capabilities import Task
 from gpu_worker.protocol.transcript import Segment, Transcript, Word, measured
@@ -429,8 +430,9 @@ class FasterWhisperTranscriber:
             local_files_only=True,
         )
         # Batching trades a little accuracy for throughput (docs/performance.md, "Fastest CPU
-        # configuration"); a profile opts in with MURMUR_BATCH_SIZE > 1.
-        self._batched = BatchedInferencePipeline(self.model) if batch_size > 1 else None
+        # configuration"); a profile opts in with MURMUR_BATCH_SIZE > 1. Its language is
+        # detected from the first batch's own encoding (gpu_worker/batched.py).
+        self._batched = LanguageInBatch(self.model) if batch_size > 1 else None
         self._batch_size = batch_size
 
     def transcribe(
