@@ -1,5 +1,5 @@
-"""Every state change of a job, a job's part or a worker: one table of allowed moves per entity, and one
-compare-and-set helper per entity that makes a move.
+"""Every state change of a job, a job's part or a worker: one table of allowed moves per
+entity, and one compare-and-set helper per entity that makes a move.
 
 A move names the states it may start from and the state it goes to. The helper checks each
 pair against the entity's table before any SQL (a move the table does not allow is a bug in

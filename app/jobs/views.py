@@ -14,7 +14,7 @@ from app.context import Services, services
 from app.db import as_utc
 from app.errors import ApiError
 from app.inputs import display_filename, refuse_repeated, request_json
-from app.jobs import idempotency, progress, requests, retention, routing, service
+from app.jobs import idempotency, parts, progress, requests, retention, routing, service
 from app.jobs.formats import render
 from app.jobs.requests import JobOptions
 from app.jobs.slow_work import probe_slot
@@ -185,7 +185,11 @@ def get_model(model_id: str) -> Response:
 def get_job(job_id: str) -> Response:
     svc = services()
     job = service.get_job(svc.db, job_id, g.owner)
-    return jsonify(_with_progress(svc, job, service.job_json(job)))
+    body = service.job_json(job)
+    counted = parts.summary(svc.db, job.id)
+    if counted is not None:  # a job cut into parts (app/jobs/parts.py)
+        body["parts"] = counted
+    return jsonify(_with_progress(svc, job, body))
 
 
 def _with_progress(svc: Services, job: Any, body: dict[str, Any]) -> dict[str, Any]:
