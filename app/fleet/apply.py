@@ -155,7 +155,7 @@ class _Applying:
 
     def mark_dead(self, action: MarkDead) -> None:
         stopped = _mark_dead(self.svc, action)
-        _resend_parts(self.svc, action.worker_id)
+        resend_parts_of(self.svc, action.worker_id)
         if stopped is not None and action.capacity:
             self.out.stocked_out.append(stopped)
             self.provisioning_stopped = True
@@ -250,7 +250,7 @@ def _mark_starting(svc: Services, worker_id: str) -> None:
             row.resources = {**(row.resources or {}), SEEN_STARTING_AT: svc.clock().isoformat()}
 
 
-def _resend_parts(svc: Services, worker_id: str) -> None:
+def resend_parts_of(svc: Services, worker_id: str) -> None:
     """The parts a dead worker held go back on their queue (app/jobs/parts.py): only they are
     transcribed again, not their whole jobs."""
     held = parts.held_parts(svc.db, worker_id, now=svc.clock())
