@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import jiwer
 import pytest
 import requests
 from sqlalchemy.orm import undefer
@@ -32,6 +31,7 @@ from gpu_worker.audio import decode_bounded
 from gpu_worker.preflight import run_preflight
 from gpu_worker.transcriber import load_transcriber
 from tests.conftest import FIXTURES, LiveApi, api_get, auth, wait_for
+from tests.test_pipeline import wer
 
 # `serial`: two workers and a whole-file transcription take both cores.
 pytestmark = [
@@ -102,19 +102,6 @@ def whole_text(long_file: Path, tmp_path_factory: pytest.TempPathFactory) -> str
 
 def reference() -> str:
     return " ".join([(FIXTURES / "speech-90s.txt").read_text().strip()] * REPEATS)
-
-
-def wer(truth: str, heard: str) -> float:
-    clean = jiwer.Compose(
-        [
-            jiwer.ToLowerCase(),
-            jiwer.RemovePunctuation(),
-            jiwer.RemoveMultipleSpaces(),
-            jiwer.Strip(),
-            jiwer.ReduceToListOfListOfWords(),
-        ]
-    )
-    return float(jiwer.wer(truth, heard, reference_transform=clean, hypothesis_transform=clean))
 
 
 def upload(live: LiveApi, path: Path) -> dict[str, Any]:
