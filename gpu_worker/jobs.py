@@ -179,7 +179,11 @@ def _fetch_audio(client: ControlPlane, claim: ClaimedJob) -> npt.NDArray[np.floa
     limit = claim.max_audio_seconds or DEFAULT_MAX_AUDIO_SECONDS
     with audio_file:
         try:
-            return decode_bounded(audio_file, limit, expected_seconds=claim.duration_seconds)
+            # A part needs the file up to its span's end only (gpu_worker/parts.py).
+            stop = claim.part.until_seconds + 1.0 if claim.part is not None else None
+            return decode_bounded(
+                audio_file, limit, expected_seconds=claim.duration_seconds, stop_after_seconds=stop
+            )
         except AudioTooLong as exc:
             raise JobFailure("audio_too_long", str(exc)) from None
         except Exception as exc:
