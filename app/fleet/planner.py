@@ -54,7 +54,7 @@ from app.fleet.plan_records import (
     short_reason,
     stock_detail,
 )
-from app.fleet.scaling_policy import grow_backlogs, provision_waiting
+from app.fleet.scaling_policy import grow_backlogs, grow_for_parts, provision_waiting
 from app.models import WorkerState
 
 
@@ -69,6 +69,7 @@ def plan_fleet(state: FleetState) -> FleetPlan:
     _reroute(r)
     _dispatch(r)
     grow_backlogs(r)
+    grow_for_parts(r)
     provision_waiting(r)
     retire(r)
     return _finish(r, _orphans(state))
@@ -119,6 +120,9 @@ def _count(r: Round) -> None:
         t = r.tally(c.profile)
         t.dispatched += c.dispatched
         t.running += c.running
+        t.parts_waiting += c.parts_waiting
+        t.parts_seconds += c.parts_waiting_seconds
+        t.parts_since = c.parts_since
     r.planned_eur = r.current_eur
 
 
@@ -179,7 +183,8 @@ def _dispatch(r: Round) -> None:
     preferred: set[str] = set()  # jobs one of them serves
     choices = _choices(state, pool)
     for p, t in r.enabled():
-        free = sum(1 for w in t.workers if w.state in SERVING and not w.busy) - t.dispatched
+        serving_idle = sum(1 for w in t.workers if w.state in SERVING and not w.busy)
+        free = serving_idle - t.queued_messages
         booting = sum(1 for w in t.workers if w.state in SERVING - {READY} and not w.busy)
         if open_before:
             # Jobs already on its queue go to its ready workers first.

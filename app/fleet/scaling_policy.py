@@ -12,6 +12,14 @@ the profile at its bound go on to the next profile in the walk, as a stock-out's
 Without that knowledge (a job of unknown length, a profile that has finished no job yet) each
 waiting job gets a worker of its own, as before: the safe side for latency. Only a stock-out,
 a disabled profile or a bound moves the walk on; a profile held after another error stops it.
+
+Parts of a long job (app/jobs/parts.py) on a profile's queue are work like jobs, weighed by
+the same two rules (`grow_for_parts`): a worker is booted for them only when it drains the
+profile's queue sooner by more than its own boot, or when a part would otherwise start later
+than `rules.target_wait` after its job's submission. So a short job cut in parts never boots
+a worker per part (one worker finishes them before another would boot), while a long file on an
+idle fleet gets as many workers as pay for their boot, within `max_workers` and the budget.
+Without a measured speed, parts boot only the profile's first worker; they use what is free.
 """
 
 from __future__ import annotations
@@ -150,6 +158,28 @@ def grow_backlogs(r: Round) -> None:
             preferred = p.name
         if held is None and preferred is None and t.status == "held":
             held = p
+
+
+def grow_for_parts(r: Round) -> None:
+    """4a'. Workers for the parts of long jobs on a profile's queue (see the module's rules)."""
+    rules = r.state.rules
+    target = rules.target_wait.total_seconds()
+    for p in r.state.profiles:
+        t = r.tallies[p.name]
+        if not t.parts_waiting or not p.enabled or t.status != "ok":
+            continue
+        room = max(0, p.max_workers - t.live - t.new)
+        boot = profile_boot(p, rules)
+        free_in = _free_in(r, p, boot)
+        if p.speed is None or p.speed <= 0:
+            if not free_in:
+                add_workers(r, p, min(1, room), "parts: first worker for the parts on its queue")
+            continue
+        waited = (r.state.now - t.parts_since).total_seconds() if t.parts_since else 0.0
+        part_work = t.parts_seconds / t.parts_waiting / p.speed
+        queue = _queue(r, p, [], p.speed) + [(waited, part_work)] * t.parts_waiting
+        n, rule = workers_wanted(free_in, queue, boot, target, room)
+        add_workers(r, p, n, f"parts: {rule}")
 
 
 # Why a profile gets no new worker in the walk, for the reasons that move on to the next one.
@@ -309,7 +339,7 @@ def _queue(
     waiting = {j.id: j for j in r.state.waiting_jobs}
     ahead: list[tuple[float, float]] = []
     for a in r.state.active_jobs:
-        if a.profile == p.name and a.status == DISPATCHED:
+        if a.profile == p.name and a.status == DISPATCHED and not a.parted:
             since = a.submitted_at or a.dispatched_at or now
             ahead.append(((now - since).total_seconds(), (a.audio_seconds or 0.0) / speed))
     for d in r.dispatches:
