@@ -191,13 +191,20 @@ class IoSettings(_Strict):
 MIN_PART_SECONDS = 30.0
 
 
+# Parts of 5 minutes: no extra transcription work against the whole file (bench/
+# long_file_parts.py: 0.99-1.01x at 60-300 s), few enough parts that each one's fixed costs (a
+# download, a decode up to its span) stay small beside its transcription even at 30x real time
+# on a GPU (10 s a part), and files under 7.5 minutes, most jobs, are never cut.
+DEFAULT_PART_SECONDS = 300.0
+
+
 class JobsSettings(_Strict):
     """How jobs are carried out. `part_seconds`: a job whose audio lasts at least 1.5 times
     this is cut at pauses into parts of about this length, each transcribed by any free worker
-    of its profile and stitched into one transcript (app/jobs/parts.py, docs/fleet.md "Parts");
-    0 transcribes every job whole on one worker."""
+    of its profile and stitched into one transcript (app/jobs/parts.py, docs/fleet.md "Long
+    files in parts"); 0 transcribes every job whole on one worker."""
 
-    part_seconds: float = Field(default=0.0, ge=0, le=4 * 3600)
+    part_seconds: float = Field(default=DEFAULT_PART_SECONDS, ge=0, le=4 * 3600)
 
     @field_validator("part_seconds")
     @classmethod

@@ -258,6 +258,9 @@ class FleetState:
     dispatchable: tuple[str, ...] = ()
     job_counts: tuple[JobCounts, ...] = ()
     active_jobs: tuple[ActiveJob, ...] = ()
+    # Parts of long jobs running now (app/jobs/parts.py), one per busy worker at most: what
+    # each such worker still has to do (`audio_seconds` is the part's span).
+    running_parts: tuple[ActiveJob, ...] = ()
     # When the fleet last came back from a stop (app.fleet.reconcile.listening_since):
     # nothing could hear the workers before, so their silence counts from here at the earliest.
     listening_since: datetime | None = None

@@ -175,9 +175,7 @@ def grow_for_parts(r: Round) -> None:
             if not free_in:
                 add_workers(r, p, min(1, room), "parts: first worker for the parts on its queue")
             continue
-        waited = (r.state.now - t.parts_since).total_seconds() if t.parts_since else 0.0
-        part_work = t.parts_seconds / t.parts_waiting / p.speed
-        queue = _queue(r, p, [], p.speed) + [(waited, part_work)] * t.parts_waiting
+        queue = _queue(r, p, [], p.speed)  # its jobs and parts not started yet
         n, rule = workers_wanted(free_in, queue, boot, target, room)
         add_workers(r, p, n, f"parts: {rule}")
 
@@ -310,7 +308,7 @@ def _free_in(r: Round, p: ProfileSnapshot, boot: float) -> list[float]:
     now = r.state.now
     running = {
         j.worker_id: j
-        for j in r.state.active_jobs
+        for j in (*r.state.active_jobs, *r.state.running_parts)
         if j.status == RUNNING and j.worker_id is not None
     }
     out = []
@@ -333,8 +331,9 @@ def _free_in(r: Round, p: ProfileSnapshot, boot: float) -> list[float]:
 def _queue(
     r: Round, p: ProfileSnapshot, mine: list[WaitingJob], speed: float
 ) -> list[tuple[float, float]]:
-    """(seconds waited, seconds of work) of the jobs on the profile's queue not started yet
-    (this round's dispatches included), oldest first, then of `mine`, in their order."""
+    """(seconds waited, seconds of work) of the jobs and parts on the profile's queue not
+    started yet (this round's dispatches included), oldest first, then of `mine`, in their
+    order."""
     now = r.state.now
     waiting = {j.id: j for j in r.state.waiting_jobs}
     ahead: list[tuple[float, float]] = []
@@ -347,6 +346,10 @@ def _queue(
         if d.profile == p.name and job is not None:
             work = (job.audio_seconds or 0.0) / speed
             ahead.append(((now - job.submitted_at).total_seconds(), work))
+    t = r.tallies[p.name]
+    if t.parts_waiting:  # parts of long jobs, each its part of the audio
+        waited = (now - t.parts_since).total_seconds() if t.parts_since else 0.0
+        ahead += [(waited, t.parts_seconds / t.parts_waiting / speed)] * t.parts_waiting
     ahead.sort(key=lambda q: -q[0])
     return ahead + [
         ((now - j.submitted_at).total_seconds(), (j.audio_seconds or 0.0) / speed) for j in mine

@@ -132,6 +132,17 @@ def read_snapshot(
             )
             for a in db.active
         ),
+        running_parts=tuple(
+            ActiveJob(
+                id=pid,
+                profile=profile,
+                status=JobStatus.RUNNING.value,
+                worker_id=worker_id,
+                audio_seconds=float(span),
+                started_at=as_utc(started),
+            )
+            for pid, profile, worker_id, span, started in db.running_parts
+        ),
         waiting_jobs=tuple(
             WaitingJob(
                 id=job_id,
@@ -190,6 +201,8 @@ class _Rows:
     part_counts: Sequence[Any] = ()
     # Of the active sample, the jobs cut into parts.
     parted: frozenset[str] = frozenset()
+    # Parts running now: rows of (id, profile, worker_id, seconds, started_at)
+    running_parts: Sequence[Any] = ()
 
 
 _ACTIVE_STATES = (JobStatus.DISPATCHED.value, JobStatus.RUNNING.value)
@@ -290,6 +303,19 @@ def _read_rows(svc: Services) -> _Rows:
             .where(Job.status.in_(_ACTIVE_STATES), ~_has_parts())
             .group_by(Job.profile, Job.status)
         ).all()
+        running_parts = s.execute(
+            select(
+                JobPart.id,
+                Job.profile,
+                JobPart.worker_id,
+                JobPart.end_seconds - JobPart.start_seconds,
+                JobPart.started_at,
+            )
+            .select_from(JobPart)
+            .join(Job, Job.id == JobPart.job_id)
+            .where(JobPart.status == PartStatus.RUNNING.value, Job.status.in_(_ACTIVE_STATES))
+            .limit(MAX_ACTIVE_JOBS)
+        ).all()
         part_counts = s.execute(
             select(
                 Job.profile,
@@ -329,6 +355,7 @@ def _read_rows(svc: Services) -> _Rows:
         needs=needs,
         part_counts=part_counts,
         parted=parted,
+        running_parts=running_parts,
     )
 
 
