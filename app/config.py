@@ -191,11 +191,13 @@ class IoSettings(_Strict):
 MIN_PART_SECONDS = 30.0
 
 
-# Parts of 5 minutes: no extra transcription work against the whole file (bench/
-# long_file_parts.py: 0.99-1.01x at 60-300 s), few enough parts that each one's fixed costs (a
-# download, a decode up to its span) stay small beside its transcription even at 30x real time
-# on a GPU (10 s a part), and files under 7.5 minutes, most jobs, are never cut.
-DEFAULT_PART_SECONDS = 300.0
+# Off by default, from the measurements of issue 34 (docs/fleet.md, "Choosing
+# `part_seconds`"): cutting costs no transcription work (bench/long_file_parts.py) and a 2-hour
+# file on an idle fleet comes back in 0.59x the time, but on the scripted mixed day
+# (bench/fleet_economics.py) parts of 300 s do not lower the latency p95, cost 3 % more GPU
+# time, and leave 1-2 jobs waiting past the target beside a free slot in the stock-out episode.
+# 300 is the value to set where long recordings dominate.
+DEFAULT_PART_SECONDS = 0.0
 
 
 class JobsSettings(_Strict):

@@ -31,13 +31,13 @@ max_workers, out of stock, held, disabled, at the budget, or nothing); a transcr
 started later than fleet.target_wait_seconds after its submission while some profile had room
 is a policy miss, printed as LATE WITH ROOM.
 
-A job of at least 1.5 × `jobs.part_seconds` (the shipped default unless `--part-seconds`) is
-cut into parts as the API cuts an upload (app/jobs/cuts.py; the simulated audio has no pauses,
-so the cuts fall on the nominal boundaries), its parts are sent and scaled for by the real
+A job of at least 1.5 × `jobs.part_seconds` (the shipped default, 0: none, unless
+`--part-seconds`) is cut into parts as the API cuts an upload (app/jobs/cuts.py; simulated
+audio has no pauses, so the cuts fall on the nominal boundaries), its parts are sent and scaled for by the real
 dispatch and planner, and each part is claimed and finished by a simulated worker at the rows
 `app.jobs.parts` changes (its span plus the overlap at the profile's speed); the job succeeds
 when its last part does. The last episode, one 2-hour file on an idle fleet, is also run alone
-with parts and without, for the ratio of its latencies.
+with parts (the day's, else 300 s) and without, for the ratio of its latencies.
 
 Bounded: at most MAX_ROUNDS reconciles per run and MAX_WALL_SECONDS of wall time in all;
 exits non-zero if a day did not finish, anything leaked or a job was late with room.
@@ -132,6 +132,9 @@ EPISODES = (
 )
 LONG_FILE_SECONDS = 7200.0
 LONG_FILE_MINUTE = 690.0
+# Parts for the long file run alone when the day runs without (the value docs/fleet.md
+# recommends where long recordings dominate).
+LONG_FILE_PARTS = 300.0
 
 
 @dataclass
@@ -758,9 +761,13 @@ def main(argv: list[str] | None = None) -> int:
     informed, finished_b = simulate(
         day, informed=True, wall_deadline=wall + limit, part_seconds=cut
     )
-    # The last episode alone, with parts and without: what cutting buys a long file.
+    # The last episode alone, with parts (the day's setting, else LONG_FILE_PARTS) and
+    # without: what cutting buys a long file.
     alone, finished_c = simulate(
-        long_file_script(), informed=False, wall_deadline=wall + 2 * limit, part_seconds=cut
+        long_file_script(),
+        informed=False,
+        wall_deadline=wall + 2 * limit,
+        part_seconds=cut or sim.part_seconds or LONG_FILE_PARTS,
     )
     whole, finished_d = simulate(
         long_file_script(), informed=False, wall_deadline=wall + 2 * limit, part_seconds=0.0

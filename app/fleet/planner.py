@@ -159,6 +159,42 @@ def _reroute(r: Round) -> None:
             t.running = max(0, t.running - 1)
         else:
             t.dispatched = max(0, t.dispatched - 1)
+    _not_left_to_a_boot(r)
+
+
+def _not_left_to_a_boot(r: Round) -> None:
+    """2b. A dispatched job waiting on a profile whose workers are all still booting goes back
+    to the queue when a ready worker of a profile earlier in the allowlist that serves it is
+    free: it (or its parts) takes that worker now instead of waiting a boot beside it (issue
+    34: no part waits while a capable worker idles). Never towards a later profile: a
+    fallback's ready workers get no new work while the preferred profile can have it."""
+    state = r.state
+    requeued = {q.job_id for q in r.requeues}
+    free_ready: dict[str, int] = {}  # in allowlist order
+    for p, t in r.enabled():
+        idle = sum(1 for w in t.workers if w.state == READY and not w.busy)
+        free_ready[p.name] = idle - t.queued_messages
+    order = [p.name for p in state.profiles]
+    for j in state.active_jobs:
+        if j.status != DISPATCHED or j.profile not in order or j.id in requeued:
+            continue
+        t = r.tally(str(j.profile))
+        if any(w.state == READY for w in t.workers):
+            continue
+        earlier = order[: order.index(str(j.profile))]
+        elsewhere = next(
+            (
+                name
+                for name, n in free_ready.items()
+                if n > 0 and name in earlier and serves(state, j.id, name)
+            ),
+            None,
+        )
+        if elsewhere is None:
+            continue
+        free_ready[elsewhere] -= 1
+        reason = f"it waits for a boot while a ready worker of {elsewhere} is free"
+        r.requeues.append(Requeue(j.id, j.profile, reason))
 
 
 def _dispatch(r: Round) -> None:

@@ -17,6 +17,7 @@ from app.db import Database
 from app.fleet.boot_policy import boot_estimate
 from app.fleet.learned import IMAGES_KEY, LEARNED_KEY, compute_learned, read_learned
 from app.fleet.planner import (
+    ActiveJob,
     Death,
     Delete,
     Dispatch,
@@ -27,6 +28,7 @@ from app.fleet.planner import (
     MarkDead,
     ProfileSnapshot,
     Provision,
+    Requeue,
     WaitingJob,
     WorkerSnapshot,
     plan_fleet,
@@ -345,6 +347,72 @@ def test_a_free_worker_takes_the_parts_on_its_queue_before_a_new_job() -> None:
     assert [d.job_id for d in dispatched] == ["j0"]  # without parts, the free worker takes it
     waiting = replace(base, job_counts=(parts_on(3, 900.0),))
     assert not [a for a in plan_fleet(waiting).actions if isinstance(a, Dispatch)]
+
+
+def test_parts_never_wait_for_a_boot_beside_a_free_ready_worker() -> None:
+    booting = WorkerSnapshot(
+        id="w2",
+        profile="p100",
+        provider="scaleway",
+        state=WorkerState.BOOTING.value,
+        requested_at=ago(20),
+        instance_id="i-w2",
+        created_at=ago(19),
+    )
+    listed = (
+        InstanceSnapshot("scaleway", "i-w1", "running", "w1", "l4"),
+        InstanceSnapshot("scaleway", "i-w2", "starting", "w2", "p100"),
+    )
+
+    def on_p100(parted: bool) -> FleetState:
+        job = ActiveJob(
+            id="j9",
+            profile="p100",
+            status=JobStatus.DISPATCHED.value,
+            dispatched_at=ago(15),
+            audio_seconds=900.0,
+            submitted_at=ago(15),
+            parted=parted,
+        )
+        counts = (parts_on(3, 900.0, "p100", waited=15),) if parted else ()
+        return state(
+            [profile(), profile("p100")],
+            (),
+            workers=(ready("w1"), booting),
+            inventory=listed,
+            active_jobs=(job,),
+            job_counts=counts,
+        )
+
+    def on_l4(plan_state: FleetState) -> FleetState:
+        """The same, the other way round: the preferred l4 boots, p100's worker is free."""
+        swapped = tuple(
+            replace(w, profile="l4" if w.profile == "p100" else "p100") for w in plan_state.workers
+        )
+        listed_swapped = tuple(
+            replace(i, profile="l4" if i.profile == "p100" else "p100")
+            for i in plan_state.inventory
+        )
+        jobs_swapped = tuple(replace(a, profile="l4") for a in plan_state.active_jobs)
+        counts = tuple(replace(c, profile="l4") for c in plan_state.job_counts)
+        return replace(
+            plan_state,
+            workers=swapped,
+            inventory=listed_swapped,
+            active_jobs=jobs_swapped,
+            job_counts=counts,
+        )
+
+    plan = plan_fleet(on_p100(parted=True))
+    (requeue,) = [a for a in plan.actions if isinstance(a, Requeue)]
+    assert requeue.job_id == "j9" and "ready worker of l4 is free" in requeue.reason
+    assert [(a.job_id, a.profile) for a in plan.actions if isinstance(a, Dispatch)] == [
+        ("j9", "l4")
+    ]
+    # A whole job too; never towards a later profile (a fallback's ready worker gets no work
+    # the preferred profile can have).
+    assert [a for a in plan_fleet(on_p100(parted=False)).actions if isinstance(a, Requeue)]
+    assert not [a for a in plan_fleet(on_l4(on_p100(True))).actions if isinstance(a, Requeue)]
 
 
 # --- what the fleet learned, from the database ------------------------------------------------
