@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import redis
+from sqlalchemy.orm import undefer
 
 from app.config import Settings
 from app.credentials import InstanceCredential
@@ -152,6 +153,16 @@ def test_parts_run_on_several_workers_and_are_stitched_once_when_the_last_is_in(
     with db.reader() as s:
         counted = s.get(Worker, first.id)
         assert counted is not None and counted.jobs_done == 2 and counted.current_job_id is None
+        kept = (
+            s.query(JobPart)
+            .filter(JobPart.job_id == job["id"])
+            .options(undefer(JobPart.transcript))
+        )
+        assert all(p.transcript is None for p in kept)  # stitched: not kept twice
+    # Purging the job takes its parts with it.
+    assert client.delete(f"/v1/jobs/{job['id']}?purge=true", headers=auth()).status_code == 204
+    with db.reader() as s:
+        assert s.query(JobPart).filter(JobPart.job_id == job["id"]).count() == 0
 
 
 def test_a_parts_failure_retries_that_part_not_the_job(

@@ -21,6 +21,8 @@ Invariants:
 - The job succeeds exactly once: the part whose result completes the set moves the job
   `running -> succeeded` by compare-and-set; two last parts finishing together both try, one
   moves it.
+- A part's transcript is kept only while its job runs: the job's end (stitched, failed or
+  cancelled) clears every part's, and purging the job deletes its parts.
 - Progress hook (for the streaming side, app/jobs/progress.py): a part's transcript covers
   [start_seconds, end_seconds) of the job's `duration_seconds`, with times of the whole file;
   `summary` counts parts done and running.
@@ -149,6 +151,7 @@ def cancel(db: Database, job_id: str, now: datetime) -> None:
             .where(JobPart.job_id == job_id, JobPart.status.in_(UNFINISHED))
             .values(status=_P.CANCELLED.value, finished_at=now)
         )
+        _forget_transcripts(s, job_id)
 
 
 @dataclass(frozen=True)
@@ -277,6 +280,7 @@ def _fail(s: Session, part: JobPart, job: Job, code: str, message: str, now: dat
             .where(JobPart.job_id == job.id, JobPart.status.in_(UNFINISHED))
             .values(status=_P.CANCELLED.value, finished_at=now)
         )
+        _forget_transcripts(s, job.id)
     return moved
 
 
@@ -375,7 +379,7 @@ def finish(db: Database, job_id: str, *, now: datetime) -> bool:
         job.language,
     )
     with db.session() as s:
-        return move_job(
+        moved = move_job(
             s, job_id, [JobStatus.RUNNING], JobStatus.SUCCEEDED,
             transcript=stitched,
             transcript_text=str(stitched.get("text", "")),
@@ -384,6 +388,15 @@ def finish(db: Database, job_id: str, *, now: datetime) -> bool:
             processing_seconds=sum(p.processing_seconds or 0.0 for p in parts),
             finished_at=now, error_code=None, error_message=None,
         )  # fmt: skip
+        if moved:
+            _forget_transcripts(s, job_id)
+    return moved
+
+
+def _forget_transcripts(s: Session, job_id: str) -> None:
+    """The job has ended: its parts' transcripts (stitched into the job's, or of a job that
+    failed or was cancelled) are not kept beside it."""
+    s.execute(update(JobPart).where(JobPart.job_id == job_id).values(transcript=None))
 
 
 def held_parts(db: Database, worker_id: str, *, now: datetime) -> list[str]:
