@@ -192,6 +192,36 @@ class IoSettings(_Strict):
     webhooks_per_token: int = Field(default=4, ge=1, le=10000)
 
 
+# The shortest part a long job may be cut into (app/jobs/cuts.py): below it a part's fixed
+# costs (download, decode, model warm-up on its slice) outweigh the parallelism.
+MIN_PART_SECONDS = 30.0
+
+
+# Off by default, from the measurements of issue 34 (docs/fleet.md, "Choosing
+# `part_seconds`"): cutting costs no transcription work (bench/long_file_parts.py) and a 2-hour
+# file on an idle fleet comes back in 0.59x the time, but on the scripted mixed day
+# (bench/fleet_economics.py) parts of 300 s do not lower the latency p95, cost 3 % more GPU
+# time, and leave 1-2 jobs waiting past the target beside a free slot in the stock-out episode.
+# 300 is the value to set where long recordings dominate.
+DEFAULT_PART_SECONDS = 0.0
+
+
+class JobsSettings(_Strict):
+    """How jobs are carried out. `part_seconds`: a job whose audio lasts at least 1.5 times
+    this is cut at pauses into parts of about this length, each transcribed by any free worker
+    of its profile and stitched into one transcript (app/jobs/parts.py, docs/fleet.md "Long
+    files in parts"); 0 transcribes every job whole on one worker."""
+
+    part_seconds: float = Field(default=DEFAULT_PART_SECONDS, ge=0, le=4 * 3600)
+
+    @field_validator("part_seconds")
+    @classmethod
+    def _long_enough(cls, value: float) -> float:
+        if 0 < value < MIN_PART_SECONDS:
+            raise ValueError(f"must be 0 (off) or at least {MIN_PART_SECONDS:.0f} seconds")
+        return value
+
+
 class DatabaseSettings(_Strict):
     """How long the database may take before a request is answered `503 database_unavailable`
     (docs/reliability.md, "Database and storage faults"): a database that refuses, or accepts
@@ -273,6 +303,7 @@ class Settings(_Strict):
     observability: ObservabilitySettings = ObservabilitySettings()
     retention: RetentionSettings = RetentionSettings()
     io: IoSettings = IoSettings()
+    jobs: JobsSettings = JobsSettings()
     scaleway: ScalewaySettings = ScalewaySettings()
     security_groups: dict[str, SecurityGroup] = {}
     profiles: tuple[Profile, ...] = ()
@@ -445,6 +476,8 @@ def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
         out["api"] = api
     if "MURMUR_AUDIO_RETENTION_SECONDS" in env:
         out["retention"] = {"audio_seconds": env["MURMUR_AUDIO_RETENTION_SECONDS"]}
+    if "MURMUR_PART_SECONDS" in env:
+        out["jobs"] = {"part_seconds": env["MURMUR_PART_SECONDS"]}
     if "MURMUR_OBSERVABILITY_ENABLED" in env:
         out["observability"] = {"enabled": _truthy(env["MURMUR_OBSERVABILITY_ENABLED"])}
     return out

@@ -6,6 +6,10 @@ serves only while that claim holds the job: same worker, same attempt, job still
 The routes are the protocol's templates (gpu_worker/protocol/routes.py) and the bodies are
 parsed with the protocol's models, the ones the worker builds them with; a body that does not
 parse is `400 invalid_body` naming the first field at fault.
+
+A job route's id may name a part of a long job (`<job id>.<index>`, app/jobs/parts.py): the
+claim, status, release, result and failure of a part go to the part's own rules, and what a
+part's word finishes (the job stitched and succeeded, or failed) is announced for the job.
 """
 
 from __future__ import annotations
@@ -15,12 +19,13 @@ from typing import Any
 from flask import Blueprint, Response, jsonify, request, send_file
 from pydantic import BaseModel, ValidationError, field_validator
 
-from app.auth import authenticate_worker
+from app.auth import WorkerCaller, authenticate_worker
 from app.context import services
 from app.errors import ApiError
 from app.fleet import readiness
 from app.inputs import MAX_JSON_BYTES, json_problem, read_body, refuse_duplicate_keys
-from app.jobs import handover, progress_intake, service
+from app.jobs import handover, parts, progress_intake, service
+from app.jobs.dispatch import send_parts
 from gpu_worker.protocol import routes
 from gpu_worker.protocol.boot import BootFailure
 from gpu_worker.protocol.failure import Failure
@@ -94,6 +99,8 @@ def boot_failure(worker_id: str, instance_id: str) -> Response:
 def claim(worker_id: str, instance_id: str, job_id: str) -> Response:
     worker = authenticate_worker(worker_id, instance_id)
     svc = services()
+    if parts.is_part(job_id):
+        return _claim_part(worker, job_id)
     claim = service.claim_job(
         svc.db, job_id, worker, svc.settings.fleet.max_attempts, now=svc.clock()
     )
@@ -107,11 +114,35 @@ def claim(worker_id: str, instance_id: str, job_id: str) -> Response:
     return jsonify({"job": claimed.model_dump()})
 
 
+def _claim_part(worker: WorkerCaller, part_id: str) -> Response:
+    svc = services()
+    max_attempts = svc.settings.fleet.max_attempts
+    claim = parts.claim(svc.db, part_id, worker.id, worker.profile, max_attempts, now=svc.clock())
+    if claim.failed is not None:
+        _announce(claim.failed.id)
+    if claim.part is None or claim.job is None:
+        raise ApiError(409, "job_not_claimable", f"job {part_id} is not waiting for this worker")
+    count = (parts.summary(svc.db, claim.job.id) or {}).get("count", 1)
+    claimed = handover.handed_over_part(
+        svc.settings, svc.storage, claim.job, claim.part, count, svc.clock()
+    )
+    service.announce_started(svc.redis, claim.job)
+    return jsonify({"job": claimed.model_dump()})
+
+
+def _announce(job_id: str) -> None:
+    """A job finished: wake its waiters and event streams, queue its webhook."""
+    svc = services()
+    service.announce_finished(svc.redis, svc.celery, service.get_job(svc.db, job_id))
+
+
 @internal_bp.post(routes.flask_rule(routes.WORKER_PREFIX, routes.RELEASE))
 def release(worker_id: str, instance_id: str, job_id: str) -> Response:
     """A draining worker gives a job back before it stops; the next worker may claim it."""
     worker = authenticate_worker(worker_id, instance_id)
     svc = services()
+    if parts.is_part(job_id):
+        return jsonify({"released": parts.release(svc.db, job_id, worker.id, now=svc.clock())})
     return jsonify({"released": service.release_job(svc.db, job_id, worker.id, now=svc.clock())})
 
 
@@ -120,6 +151,8 @@ def job_status(worker_id: str, instance_id: str, job_id: str) -> Response:
     """Polled by a busy worker every few seconds: once it no longer holds the job (cancelled,
     re-routed, finished elsewhere) it stops transcribing and frees itself."""
     worker = authenticate_worker(worker_id, instance_id)
+    if parts.is_part(job_id):
+        return jsonify({"held": parts.held_by(services().db, job_id, worker.id)})
     return jsonify({"held": service.job_held_by(services().db, job_id, worker.id)})
 
 
@@ -146,6 +179,13 @@ def result(worker_id: str, instance_id: str, job_id: str) -> Response:
     body: ResultBody = _body(ResultBody, MAX_RESULT_BYTES)
     svc = services()
     transcript = body.transcript.model_dump(exclude_none=True)
+    if parts.is_part(job_id):
+        done = parts.store_result(
+            svc.db, job_id, worker.id, transcript, body.processing_seconds, now=svc.clock()
+        )
+        if done.job_succeeded:
+            _announce(parts.job_of(job_id))
+        return jsonify({"stored": done.stored})
     stored = service.store_result(
         svc.db, job_id, worker.id, transcript, body.processing_seconds, now=svc.clock()
     )
@@ -173,7 +213,23 @@ def failure(worker_id: str, instance_id: str, job_id: str) -> Response:
     # Worker-supplied text, stored and shown to the job's owner: redacted on this side too
     # (gpu_worker/protocol/redaction.py), so an old or buggy worker cannot store a secret.
     message = redact(body.message)
+    if parts.is_part(job_id):
+        return _part_failure(worker, job_id, body.code, message)
     stored = service.store_failure(svc.db, job_id, worker.id, body.code, message, now=svc.clock())
     if stored:
         service.announce_finished(svc.redis, svc.celery, service.get_job(svc.db, job_id))
     return jsonify({"stored": stored})
+
+
+def _part_failure(worker: WorkerCaller, part_id: str, code: str, message: str) -> Response:
+    """A part failed: sent again (a retry of that part alone), or its job failed."""
+    svc = services()
+    max_attempts = svc.settings.fleet.max_attempts
+    outcome = parts.store_failure(
+        svc.db, part_id, worker.id, code, message, max_attempts, now=svc.clock()
+    )
+    if outcome.retry is not None:
+        send_parts(svc.db, svc.celery, [outcome.retry], worker.profile)
+    if outcome.job_failed:
+        _announce(parts.job_of(part_id))
+    return jsonify({"stored": outcome.stored})

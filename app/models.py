@@ -147,6 +147,50 @@ class Job(Base):
     transcript: Mapped[dict[str, Any] | None] = mapped_column(JSON, deferred=True)
 
 
+class PartStatus(enum.StrEnum):
+    """A part of a long job (`JobPart`): `queued → dispatched → running → succeeded`; a retry
+    goes back to `dispatched`, a re-routed job takes its unfinished parts back to `queued`."""
+
+    QUEUED = "queued"
+    DISPATCHED = "dispatched"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class JobPart(Base):
+    """One part of a job cut at pauses (app/jobs/parts.py): its own message on the job's
+    profile queue, claimed, heartbeated, retried and reported like a job. The job's row stays
+    the record; a part's id is `<job id>.<index>` (`app.jobs.parts.part_id`)."""
+
+    __tablename__ = "job_parts"
+    __table_args__ = (
+        UniqueConstraint("job_id", "index", name="uq_job_parts_index"),
+        Index("ix_job_parts_job_status", "job_id", "status"),
+    )
+
+    id: Mapped[str] = mapped_column(String(48), primary_key=True)
+    job_id: Mapped[str] = mapped_column(String(40))
+    index: Mapped[int] = mapped_column(Integer)
+    # The part's span of the whole file, in seconds: [start, end).
+    start_seconds: Mapped[float] = mapped_column(Float)
+    end_seconds: Mapped[float] = mapped_column(Float)
+    status: Mapped[str] = mapped_column(String(16), default=PartStatus.QUEUED.value)
+    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    worker_id: Mapped[str | None] = mapped_column(String(40))
+    error_code: Mapped[str | None] = mapped_column(String(64))
+    error_message: Mapped[str | None] = mapped_column(Text)
+    processing_seconds: Mapped[float | None] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+    dispatched_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    started_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    # The worker's transcript of the part, times already in the whole file's (deferred: only
+    # the stitch reads it).
+    transcript: Mapped[dict[str, Any] | None] = mapped_column(JSON, deferred=True)
+
+
 class WorkerState(enum.StrEnum):
     REQUESTED = "requested"  # decided by the planner, provider call not made yet
     CREATING = "creating"  # provider create/power-on in progress

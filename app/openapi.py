@@ -653,6 +653,20 @@ def openapi_document() -> dict[str, Any]:
                                 "null when it cannot be estimated."
                             ),
                         },
+                        "parts": {
+                            "type": "object",
+                            "required": ["count", "done", "running"],
+                            "properties": {
+                                "count": {"type": "integer", "minimum": 2},
+                                "done": {"type": "integer", "minimum": 0},
+                                "running": {"type": "integer", "minimum": 0},
+                            },
+                            "description": (
+                                "Only on GET /v1/jobs/{job_id}, for a long upload cut at pauses "
+                                "into parts (the setting jobs.part_seconds) that run on several "
+                                "workers at once: how many parts, finished and running now."
+                            ),
+                        },
                         "error": {
                             "type": "object",
                             "nullable": True,

@@ -1,13 +1,13 @@
-"""Every state change of a job or a worker: one table of allowed moves per entity, and one
-compare-and-set helper per entity that makes a move.
+"""Every state change of a job, a job's part or a worker: one table of allowed moves per
+entity, and one compare-and-set helper per entity that makes a move.
 
 A move names the states it may start from and the state it goes to. The helper checks each
 pair against the entity's table before any SQL (a move the table does not allow is a bug in
 the caller, raised as `IllegalMove`), then updates the row only while it is still in one of
 those states and meets the caller's extra conditions (the worker holding the job, the claim's
 attempt number...). It returns whether the row moved: False means another process moved it
-first, and the caller's word is ignored. Nothing else in the code base writes `Job.status` or
-`Worker.state`, apart from a row being created.
+first, and the caller's word is ignored. Nothing else in the code base writes `Job.status`,
+`JobPart.status` or `Worker.state`, apart from a row being created.
 
 docs/worker-protocol.md "States" shows both tables; tests/test_transitions.py holds them to it.
 """
@@ -21,7 +21,7 @@ from sqlalchemy import ColumnElement, update
 from sqlalchemy.orm import Session
 
 from app.db import rows_changed
-from app.models import Job, JobStatus, Worker, WorkerState
+from app.models import Job, JobPart, JobStatus, PartStatus, Worker, WorkerState
 
 _J = JobStatus
 JOB_MOVES: Mapping[JobStatus, frozenset[JobStatus]] = {
@@ -39,6 +39,22 @@ JOB_MOVES: Mapping[JobStatus, frozenset[JobStatus]] = {
     _J.SUCCEEDED: frozenset(),
     _J.FAILED: frozenset(),
     _J.CANCELLED: frozenset(),
+}
+
+_P = PartStatus
+PART_MOVES: Mapping[PartStatus, frozenset[PartStatus]] = {
+    # sent with its job; the job cancelled before it was
+    _P.QUEUED: frozenset({_P.DISPATCHED, _P.CANCELLED, _P.FAILED}),
+    # claimed by a worker; back to queued with its re-routed job
+    _P.DISPATCHED: frozenset({_P.RUNNING, _P.QUEUED, _P.CANCELLED, _P.FAILED}),
+    # done; retried (DISPATCHED: a failure, a release, a dead holder); claimed again after its
+    # holder died (RUNNING); its job re-routed (QUEUED), cancelled, or failed
+    _P.RUNNING: frozenset(
+        {_P.SUCCEEDED, _P.DISPATCHED, _P.RUNNING, _P.QUEUED, _P.CANCELLED, _P.FAILED}
+    ),
+    _P.SUCCEEDED: frozenset(),
+    _P.FAILED: frozenset(),
+    _P.CANCELLED: frozenset(),
 }
 
 _W = WorkerState
@@ -69,7 +85,7 @@ class IllegalMove(ValueError):
     """A caller asked for a state change its entity's table does not allow."""
 
 
-_S = TypeVar("_S", JobStatus, WorkerState)
+_S = TypeVar("_S", JobStatus, PartStatus, WorkerState)
 
 
 def _sources(
@@ -95,6 +111,25 @@ def move_job(
     statement = (
         update(Job)
         .where(Job.id == job_id, Job.status.in_(allowed), *where)
+        .values(status=to.value, **values)
+    )
+    return rows_changed(s, statement) > 0
+
+
+def move_part(
+    s: Session,
+    part_id: str,
+    sources: Iterable[PartStatus | str],
+    to: PartStatus,
+    *where: ColumnElement[bool],
+    **values: Any,
+) -> bool:
+    """Move a job's part to `to` if it is in one of `sources` (and meets `where`); whether it
+    moved."""
+    allowed = _sources("part", PART_MOVES, sources, to)
+    statement = (
+        update(JobPart)
+        .where(JobPart.id == part_id, JobPart.status.in_(allowed), *where)
         .values(status=to.value, **values)
     )
     return rows_changed(s, statement) > 0

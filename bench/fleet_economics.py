@@ -31,6 +31,14 @@ max_workers, out of stock, held, disabled, at the budget, or nothing); a transcr
 started later than fleet.target_wait_seconds after its submission while some profile had room
 is a policy miss, printed as LATE WITH ROOM.
 
+A job of at least 1.5 × `jobs.part_seconds` (the shipped default, 0: none, unless `--part-
+seconds`) is cut into parts as the API cuts an upload (app/jobs/cuts.py; simulated audio has no
+pauses, so the cuts fall on the nominal boundaries), its parts are sent and scaled for by the
+real dispatch and planner, and each part is claimed and finished by a simulated worker at the
+rows `app.jobs.parts` changes (its span plus the overlap at the profile's speed); the job
+succeeds when its last part does. The last episode, one 2-hour file on an idle fleet, is also
+run alone with parts (the day's, else 300 s) and without, for the ratio of its latencies.
+
 Bounded: at most MAX_ROUNDS reconciles per run and MAX_WALL_SECONDS of wall time in all;
 exits non-zero if a day did not finish, anything leaked or a job was late with room.
 Run: .venv/bin/python bench/fleet_economics.py [--smoke] [--set NAME=VALUE]...
@@ -54,10 +62,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import numpy as np  # noqa: E402
 import redis  # noqa: E402
 from sqlalchemy import select  # noqa: E402
 
 from app.celery_config import make_celery  # noqa: E402
+from app.config import JobsSettings  # noqa: E402
 from app.db import Base, Database  # noqa: E402
 from app.fleet import readiness  # noqa: E402
 from app.fleet.broker_users import USER_PREFIX  # noqa: E402
@@ -65,15 +75,20 @@ from app.fleet.providers import ProviderRegistry  # noqa: E402
 from app.fleet.providers.scaleway import ScalewayProvider  # noqa: E402
 from app.fleet.reconcile import reconcile  # noqa: E402
 from app.fleet.snapshot import as_utc  # noqa: E402
+from app.jobs import parts  # noqa: E402
+from app.jobs.cuts import FRAME_SECONDS, OVERLAP_SECONDS, Loudness, plan_spans  # noqa: E402
 from app.jobs.dispatch import _job_of  # noqa: E402
 from app.jobs.service import cancel_job  # noqa: E402
 from app.models import (  # noqa: E402
     LIVE_WORKER_STATES,
     Job,
+    JobPart,
     JobStatus,
+    PartStatus,
     ProfileState,
     Worker,
     WorkerState,
+    new_id,
 )
 from app.services import build_services  # noqa: E402
 from gpu_worker.protocol.boot import BootFailure  # noqa: E402
@@ -112,8 +127,14 @@ EPISODES = (
     ("10:30 L4 stock-out, clears 11:00", 150, 300),
     ("13:00 10 jobs, 6 cancelled", 300, 420),
     ("15:00 broken L4 image, fixed 17:00", 420, 545),
-    ("17:10 trickle, 1 job / 10 min", 545, 24 * 60),
+    ("17:10 trickle, 1 job / 10 min", 545, 685),
+    ("19:30 one 2-hour file, idle fleet", 685, 24 * 60),
 )
+LONG_FILE_SECONDS = 7200.0
+LONG_FILE_MINUTE = 690.0
+# Parts for the long file run alone when the day runs without (the value docs/fleet.md
+# recommends where long recordings dominate).
+LONG_FILE_PARTS = 300.0
 
 
 @dataclass
@@ -152,7 +173,17 @@ def script(rng: random.Random) -> Day:
     day.unavailable.append(("l4-par2", DAY + timedelta(minutes=420), DAY + timedelta(minutes=540)))
     for k in range(12):  # 17:10–19:00 a trickle, one job every 10 minutes
         day.at(550 + 10 * k, "submit", rng.uniform(30, 600))
+    day.at(LONG_FILE_MINUTE, "submit", LONG_FILE_SECONDS)  # 19:30 a 2-hour recording
     day.events.sort(key=lambda e: e[0])
+    return day
+
+
+def long_file_script() -> Day:
+    """The last episode alone: one 2-hour file on an idle fleet, after a 10-minute job whose
+    run taught the fleet its boot time and speed (the day has taught it by 19:30)."""
+    day = Day()
+    day.at(1, "submit", 600.0)
+    day.at(30, "submit", LONG_FILE_SECONDS)
     return day
 
 
@@ -180,7 +211,14 @@ class Simulation:
     """One run of the day. `informed`: the counterfactual fleet that knows what is feasible
     (a profile is disabled exactly while it is out of stock or its image is broken)."""
 
-    def __init__(self, tmp: Path, emulator: InstanceEmulator, *, informed: bool = False) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        emulator: InstanceEmulator,
+        *,
+        informed: bool = False,
+        part_seconds: float | None = None,
+    ) -> None:
         self.informed = informed
         self.emulator = emulator
         groups = {
@@ -213,6 +251,9 @@ class Simulation:
                 **FLEET_OVERRIDES,
             },
         ).model_copy(update={"redis_url": REDIS_URL})
+        if part_seconds is not None:
+            settings = settings.model_copy(update={"jobs": JobsSettings(part_seconds=part_seconds)})
+        self.part_seconds = settings.jobs.part_seconds
         self.db = Database(f"sqlite:///{tmp}/economics.db")
         Base.metadata.create_all(self.db.engine)
         self.redis = redis.Redis.from_url(REDIS_URL)
@@ -248,8 +289,12 @@ class Simulation:
 
     def submit(self, audio_seconds: float) -> None:
         now = self.clock()
+        # Cut as the API cuts an upload; simulated audio has no pauses (a flat level).
+        flat = Loudness(FRAME_SECONDS, np.zeros(math.ceil(audio_seconds / FRAME_SECONDS)))
+        spans = plan_spans(audio_seconds, flat, self.part_seconds)
         with self.db.session() as s:
             job = Job(
+                id=new_id("job"),
                 owner="bench",
                 source="upload",
                 audio_key="x",
@@ -258,6 +303,8 @@ class Simulation:
                 created_at=now,
             )
             s.add(job)
+            if len(spans) > 1:
+                s.add_all(parts.new_parts(job.id, spans, JobStatus.QUEUED, now))
             s.flush()
             self.audio[job.id] = audio_seconds
             self.submitted_at[job.id] = now
@@ -340,6 +387,9 @@ class Simulation:
             readiness.report_boot_failure(self.db, worker_id, failure, now)
 
     def _work(self, s: Any, w: Worker, now: datetime) -> None:
+        if parts.is_part(str(w.current_job_id)):
+            self._work_part(s, w, now)
+            return
         job = s.get(Job, w.current_job_id)
         if job is None or job.status != JobStatus.RUNNING.value or job.worker_id != w.id:
             # Cancelled (or taken back): the real worker learns it and stops.
@@ -359,13 +409,79 @@ class Simulation:
             w.current_job_id, w.idle_since, w.jobs_done = None, done, (w.jobs_done or 0) + 1
             w.last_seen_at = now
 
-    def _claim(self, s: Any, w: Worker, now: datetime) -> None:
-        """Pop one message from the profile's queue (kombu's consuming end) and claim its job."""
+    def _work_part(self, s: Any, w: Worker, now: datetime) -> None:
+        """A part runs its span plus the overlap at the profile's speed; the last one done
+        succeeds the job (the rows `app.jobs.parts.store_result` and `finish` change)."""
+        part = s.get(JobPart, w.current_job_id)
+        job = s.get(Job, part.job_id) if part is not None else None
+        active = (JobStatus.DISPATCHED.value, JobStatus.RUNNING.value)
+        if (
+            part is None
+            or job is None
+            or job.status not in active
+            or part.status != PartStatus.RUNNING.value
+            or part.worker_id != w.id
+        ):
+            self.stopped_at[(str(w.current_job_id), w.id)] = now
+            w.current_job_id, w.idle_since = None, now
+            return
+        started = as_utc(part.started_at)
+        assert started is not None
+        last = part.end_seconds >= (job.duration_seconds or 0.0)
+        heard = part.end_seconds - part.start_seconds + (0.0 if last else OVERLAP_SECONDS)
+        needed = heard / SPEED[w.profile]
+        if (now - started).total_seconds() < needed:
+            return
+        done = started + timedelta(seconds=needed)
+        part.status, part.finished_at, part.processing_seconds = (
+            PartStatus.SUCCEEDED.value,
+            done,
+            needed,
+        )
+        w.current_job_id, w.idle_since, w.jobs_done = None, done, (w.jobs_done or 0) + 1
+        w.last_seen_at = now
+        siblings = list(s.scalars(select(JobPart).where(JobPart.job_id == job.id)))
+        if all(p.status == PartStatus.SUCCEEDED.value for p in siblings):
+            job.status, job.finished_at = JobStatus.SUCCEEDED.value, done
+            job.processing_seconds = sum(p.processing_seconds or 0.0 for p in siblings)
+        # A part's worker takes its next message the moment it is done, as the real consumer
+        # does, not at the next simulated step: a step per part would add up to an interval
+        # to each of a long file's parts. (A whole job's next claim waits for the step, as
+        # before.)
+        self._claim(s, w, now, at=done)
+        if w.current_job_id is not None and parts.is_part(str(w.current_job_id)):
+            self._work_part(s, w, now)
+
+    def _claim_part(self, s: Any, w: Worker, part_id: str, now: datetime) -> bool:
+        """Claim a part (the rows `app.jobs.parts.claim` changes), at `now`."""
+        part = s.get(JobPart, part_id)
+        job = s.get(Job, part.job_id) if part is not None else None
+        active = (JobStatus.DISPATCHED.value, JobStatus.RUNNING.value)
+        if part is None or job is None or job.status not in active or job.profile != w.profile:
+            return False
+        if part.status != PartStatus.DISPATCHED.value:
+            return False
+        part.status, part.worker_id, part.started_at = PartStatus.RUNNING.value, w.id, now
+        part.attempts = (part.attempts or 0) + 1
+        if job.status == JobStatus.DISPATCHED.value:
+            job.status, job.started_at = JobStatus.RUNNING.value, now
+        w.current_job_id, w.idle_since, w.last_seen_at = part.id, None, now
+        w.first_job_at = w.first_job_at or now
+        return True
+
+    def _claim(self, s: Any, w: Worker, now: datetime, at: datetime | None = None) -> None:
+        """Pop one message from the profile's queue (kombu's consuming end) and claim its job
+        (at `at`: the moment the worker became free, when that was inside this step)."""
+        now = at or now
         for _ in range(50):  # stale messages of re-routed or cancelled jobs are skipped
             raw = self.redis.rpop(queue_name(w.profile))
             if raw is None:
                 return
             job_id = _job_of(raw if isinstance(raw, bytes) else str(raw).encode())
+            if job_id is not None and parts.is_part(job_id):
+                if self._claim_part(s, w, job_id, now):
+                    return
+                continue
             job = s.get(Job, job_id) if job_id else None
             if job is None or job.status != JobStatus.DISPATCHED.value or job.profile != w.profile:
                 continue
@@ -457,6 +573,7 @@ def accounts(sim: Simulation, day: Day) -> dict[str, float]:
     with sim.db.reader() as s:
         workers = list(s.scalars(select(Worker)))
         jobs = list(s.scalars(select(Job)))
+        part_rows = list(s.scalars(select(JobPart)))
     profile_of = {w.id: w.profile for w in workers}
     out = dict.fromkeys(
         ["paid_s", "busy_s", "boot_s", "boot_nothing_s", "idle_s", "paid_eur", "idle_boot_eur"]
@@ -464,6 +581,14 @@ def accounts(sim: Simulation, day: Day) -> dict[str, float]:
         0.0,
     )
     busy_by_worker: dict[str, float] = {}
+    for p in part_rows:
+        if p.worker_id and p.started_at is not None:
+            done = p.status == PartStatus.SUCCEEDED.value
+            end = p.finished_at if done else sim.stopped_at.get((p.id, p.worker_id))
+            busy = seconds(p.started_at, end)
+            busy_by_worker[p.worker_id] = busy_by_worker.get(p.worker_id, 0.0) + busy
+            eur = busy * PRICE[profile_of[p.worker_id]] / 3600
+            out["busy_done_eur" if done else "busy_lost_eur"] += eur
     for j in jobs:
         if j.worker_id and j.started_at is not None:
             done = j.status == JobStatus.SUCCEEDED.value
@@ -503,6 +628,8 @@ def accounts(sim: Simulation, day: Day) -> dict[str, float]:
     waits = {j.id: seconds(sim.submitted_at[j.id], j.started_at) for j in done}
     latencies = {j.id: seconds(sim.submitted_at[j.id], j.finished_at) for j in done}
     out["waits"] = list(waits.values())  # type: ignore[assignment]
+    long_files = [latencies[j.id] for j in done if sim.audio[j.id] >= LONG_FILE_SECONDS]
+    out["long_file_latency_s"] = max(long_files, default=0.0)
     out["latencies"] = list(latencies.values())  # type: ignore[assignment]
     for name, a, b in EPISODES:
         mine = [j.id for j in done if a <= seconds(DAY, sim.submitted_at[j.id]) / 60 < b]
@@ -582,12 +709,14 @@ def per_audio_hour(eur: float, audio_s: float) -> float:
     return eur / (audio_s / 3600) if audio_s else 0.0
 
 
-def simulate(day: Day, *, informed: bool, wall_deadline: float) -> tuple[Simulation, bool]:
+def simulate(
+    day: Day, *, informed: bool, wall_deadline: float, part_seconds: float | None = None
+) -> tuple[Simulation, bool]:
     emulator = InstanceEmulator(secret_key=SECRET_KEY, project_id=PROJECT_ID)
     emulator.start()
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            sim = Simulation(Path(tmp), emulator, informed=informed)
+            sim = Simulation(Path(tmp), emulator, informed=informed, part_seconds=part_seconds)
             finished = sim.run(day, wall_deadline)
             sim.accounts = accounts(sim, day)
             sim.late = late_jobs(sim)
@@ -612,6 +741,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="NAME=VALUE",
         help="a fleet setting for both runs, e.g. idle_floor_seconds=60 (repeatable)",
     )
+    parser.add_argument(
+        "--part-seconds",
+        type=float,
+        default=None,
+        help="jobs.part_seconds for both runs (default: the shipped default; 0: no parts)",
+    )
     args = parser.parse_args(argv)
     for item in args.set:
         name, _, value = item.partition("=")
@@ -621,9 +756,23 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.monotonic()
     day = smoke_script(random.Random(11)) if args.smoke else script(random.Random(11))
     limit = 60.0 if args.smoke else MAX_WALL_SECONDS
-    sim, finished = simulate(day, informed=False, wall_deadline=wall + limit)
-    informed, finished_b = simulate(day, informed=True, wall_deadline=wall + limit)
-    finished = finished and finished_b
+    cut = args.part_seconds
+    sim, finished = simulate(day, informed=False, wall_deadline=wall + limit, part_seconds=cut)
+    informed, finished_b = simulate(
+        day, informed=True, wall_deadline=wall + limit, part_seconds=cut
+    )
+    # The last episode alone, with parts (the day's setting, else LONG_FILE_PARTS) and
+    # without: what cutting buys a long file.
+    alone, finished_c = simulate(
+        long_file_script(),
+        informed=False,
+        wall_deadline=wall + 2 * limit,
+        part_seconds=cut or sim.part_seconds or LONG_FILE_PARTS,
+    )
+    whole, finished_d = simulate(
+        long_file_script(), informed=False, wall_deadline=wall + 2 * limit, part_seconds=0.0
+    )
+    finished = finished and finished_b and finished_c and finished_d
     a, b = sim.accounts, informed.accounts
     elapsed = time.monotonic() - wall
     print(
@@ -720,7 +869,21 @@ def main(argv: list[str] | None = None) -> int:
                 f" {j.room:%H:%M:%S}"
             )
     print(f"target: target_wait_s={target:g} late_jobs={len(sim.late)} late_with_room={unbound}")
+    in_parts, in_one = alone.accounts, whole.accounts
+    ratio = (
+        in_parts["long_file_latency_s"] / in_one["long_file_latency_s"]
+        if in_one["long_file_latency_s"]
+        else 0.0
+    )
+    print(
+        f"one {LONG_FILE_SECONDS / 3600:g}-hour file on an idle fleet, alone: latency "
+        f"{in_parts['long_file_latency_s']:.0f} s in parts of {alone.part_seconds:g} s on "
+        f"{in_parts['workers']:.0f} worker(s), {in_one['long_file_latency_s']:.0f} s whole on "
+        f"{in_one['workers']:.0f} (ratio {ratio:.2f}); GPU-s paid {in_parts['paid_s']:.0f} "
+        f"against {in_one['paid_s']:.0f}"
+    )
     ok = finished and not any(sim.left.values()) and not any(informed.left.values())
+    ok = ok and not any(alone.left.values()) and not any(whole.left.values())
     ok = ok and unbound == 0
     print(
         f"economics: paid_eur={a['paid_eur']:.3f} informed_eur={b['paid_eur']:.3f}"
@@ -728,6 +891,10 @@ def main(argv: list[str] | None = None) -> int:
         f" eur_per_audio_hour={per_audio_hour(a['paid_eur'], a['audio_s']):.3f}"
         f" p95_wait_s={percentile(a['waits'], 95):.0f}"
         f" informed_p95_wait_s={percentile(b['waits'], 95):.0f}"
+        f" p95_latency_s={percentile(a['latencies'], 95):.0f}"
+        f" long_file_latency_s={a['long_file_latency_s']:.0f}"
+        f" long_file_alone_ratio={ratio:.2f}"
+        f" part_seconds={sim.part_seconds:g}"
         f" leaked={sum(sim.left.values()) + sum(informed.left.values())}"
     )
     if not finished:

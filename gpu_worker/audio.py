@@ -83,10 +83,13 @@ def decode_bounded(
     max_seconds: float,
     *,
     expected_seconds: float | None = None,
+    stop_after_seconds: float | None = None,
 ) -> npt.NDArray[np.float32]:
     """The audio as 16 kHz mono float32; AudioTooLong as soon as it passes `max_seconds`.
 
     `expected_seconds` (the length the control plane measured) only sizes the first buffer.
+    `stop_after_seconds`: decoding ends, without error, once that much audio is decoded (a
+    part of a long job needs the file only up to its span's end).
     Raises UndecodableAudio, or PyAV's own errors, for what is not decodable audio.
     """
     limit = math.ceil(max_seconds * SAMPLE_RATE) + _RESAMPLER_SLACK
@@ -111,12 +114,15 @@ def decode_bounded(
                 _drain(fifo, resampler, samples, flush=True)
                 fifo, resampler = av.AudioFifo(), _resampler()
                 shape = frame_shape
-            if length.add(frame.sample_rate, frame.samples) > max_seconds:
+            decoded = length.add(frame.sample_rate, frame.samples)
+            if decoded > max_seconds:
                 raise AudioTooLong(max_seconds)
             frame.pts = None  # timestamps are not trusted, nor needed to join frames
             fifo.write(frame)
             if fifo.samples >= _GROUP_SAMPLES:
                 _drain(fifo, resampler, samples, flush=False)
+            if stop_after_seconds is not None and decoded > stop_after_seconds:
+                break
         _drain(fifo, resampler, samples, flush=True)
     return samples.finish()
 

@@ -1,5 +1,8 @@
 """One transcription job, start to finish: claim, download, decode, transcribe, report.
 
+A claimed part of a long job (gpu_worker/parts.py) goes the same way over its span of the
+audio only, its times shifted to the whole file's.
+
 A job the control plane lets go of while it runs (cancelled, re-routed) is stopped between
 segments (gpu_worker/holding.py) and reported as `cancelled`, which frees the worker and is
 never stored as the job's outcome.
@@ -21,7 +24,7 @@ from typing import IO, TYPE_CHECKING, Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from gpu_worker import progress
+from gpu_worker import parts, progress
 from gpu_worker.audio import AudioTooLong, decode_bounded
 from gpu_worker.client import AudioDownloadError, AudioTooLarge, ControlPlaneError
 from gpu_worker.holding import CHECK_INTERVAL_SECONDS, CancelWatch, JobCancelled
@@ -110,12 +113,16 @@ def process_job(job_id: str, context: JobContext) -> Outcome:
     try:
         try:
             samples = _fetch_audio(context.client, claim)
+            if claim.part is not None:  # a part of a long job: its span only
+                samples = parts.span_samples(samples, claim.part)
             audio_seconds = samples.shape[0] / SAMPLE_RATE
             watch()  # a long download or decode may have outlived the job
             reporter = progress.with_progress(
                 watch, context.client, job_id, audio_seconds, words=bool(claim.word_timestamps)
             )
             transcript = _transcribe(context.transcriber, samples, claim, reporter)
+            if claim.part is not None:  # times of the whole file
+                transcript = parts.shifted(transcript, claim.part.offset_seconds)
             progress.flush(reporter)
             if claim.diarize:
                 transcript = _diarize(context.diarizer, samples, transcript, claim, watch)
@@ -177,7 +184,11 @@ def _fetch_audio(client: ControlPlane, claim: ClaimedJob) -> npt.NDArray[np.floa
     limit = claim.max_audio_seconds or DEFAULT_MAX_AUDIO_SECONDS
     with audio_file:
         try:
-            return decode_bounded(audio_file, limit, expected_seconds=claim.duration_seconds)
+            # A part needs the file up to its span's end only (gpu_worker/parts.py).
+            stop = claim.part.until_seconds + 1.0 if claim.part is not None else None
+            return decode_bounded(
+                audio_file, limit, expected_seconds=claim.duration_seconds, stop_after_seconds=stop
+            )
         except AudioTooLong as exc:
             raise JobFailure("audio_too_long", str(exc)) from None
         except Exception as exc:

@@ -9,8 +9,15 @@ from pathlib import Path
 import pytest
 
 from app.db import Database
-from app.models import Job, JobStatus, Worker, WorkerState, new_id, utcnow
-from app.transitions import JOB_MOVES, WORKER_MOVES, IllegalMove, move_job, move_worker
+from app.models import Job, JobStatus, PartStatus, Worker, WorkerState, new_id, utcnow
+from app.transitions import (
+    JOB_MOVES,
+    PART_MOVES,
+    WORKER_MOVES,
+    IllegalMove,
+    move_job,
+    move_worker,
+)
 
 DOC = Path(__file__).resolve().parents[1] / "docs/worker-protocol.md"
 
@@ -36,6 +43,8 @@ def _table(moves: object) -> dict[str, set[str]]:
 def test_the_documented_tables_are_the_enforced_ones() -> None:
     assert _documented("job") == _table(JOB_MOVES)
     assert _documented("worker") == _table(WORKER_MOVES)
+    assert _documented("part") == _table(PART_MOVES)
+    assert set(PART_MOVES) == set(PartStatus)
     assert set(JOB_MOVES) == set(JobStatus)
     assert set(WORKER_MOVES) == set(WorkerState)
     assert all(not JOB_MOVES[s] for s in JobStatus if s.finished)

@@ -49,7 +49,8 @@ from app.fleet.providers.base import (
 )
 from app.fleet.served import note_served
 from app.fleet.snapshot import Snapshot
-from app.jobs.dispatch import dispatch_job, requeue_job, withdraw_messages
+from app.jobs import parts
+from app.jobs.dispatch import dispatch_job, requeue_job, send_parts, withdraw_messages
 from app.jobs.service import announce_finished, fail_job, get_job
 from app.models import (
     LIVE_WORKER_STATES,
@@ -154,6 +155,7 @@ class _Applying:
 
     def mark_dead(self, action: MarkDead) -> None:
         stopped = _mark_dead(self.svc, action)
+        resend_parts_of(self.svc, action.worker_id)
         if stopped is not None and action.capacity:
             self.out.stocked_out.append(stopped)
             self.provisioning_stopped = True
@@ -246,6 +248,19 @@ def _mark_starting(svc: Services, worker_id: str) -> None:
         row = s.get(Worker, worker_id)
         if row is not None and not (row.resources or {}).get(SEEN_STARTING_AT):
             row.resources = {**(row.resources or {}), SEEN_STARTING_AT: svc.clock().isoformat()}
+
+
+def resend_parts_of(svc: Services, worker_id: str) -> None:
+    """The parts a dead worker held go back on their queue (app/jobs/parts.py): only they are
+    transcribed again, not their whole jobs."""
+    held = parts.held_parts(svc.db, worker_id, now=svc.clock())
+    if not held:
+        return
+    with svc.db.reader() as s:
+        profile = s.execute(select(Worker.profile).where(Worker.id == worker_id)).scalar()
+    if profile is not None:
+        send_parts(svc.db, svc.celery, held, profile)
+        log.warning("fleet: %d part(s) of dead worker %s sent again", len(held), worker_id)
 
 
 def _mark_dead(svc: Services, action: MarkDead) -> str | None:

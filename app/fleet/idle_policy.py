@@ -44,7 +44,7 @@ def retire(r: Round) -> None:
         starting_free = sum(
             1 for w in t.workers if w.state in SERVING and w.state != READY and not w.busy
         )
-        need = t.dispatched - starting_free
+        need = t.queued_messages - starting_free
         free_ready = sorted(
             (w for w in t.workers if not w.busy and w.state in REPORTING),
             key=idle_ref,
@@ -102,7 +102,7 @@ def retire_unneeded_boots(r: Round, name: str, t: Tally, usable: bool) -> None:
     )
     if usable and waits_for(r, name):
         return
-    wanted = max(0, t.dispatched - free_ready_count)
+    wanted = max(0, t.queued_messages - free_ready_count)
     if len(booting_free) > wanted:
         retired = {w.id for w in booting_free[wanted:]}
         r.teardown.extend(Delete(w.id, NOT_NEEDED) for w in booting_free[wanted:])

@@ -200,11 +200,18 @@ class InstanceSnapshot:
 
 @dataclass(frozen=True)
 class JobCounts:
-    """Jobs already committed to a profile's queue: waiting there, or running on its workers."""
+    """Jobs already committed to a profile's queue: waiting there, or running on its workers.
+
+    A job cut into parts (app/jobs/parts.py) counts as its parts, not as a job: `parts_waiting`
+    of them on the queue, holding `parts_waiting_seconds` of audio, the oldest of their jobs
+    submitted at `parts_since`."""
 
     profile: str
     dispatched: int = 0
     running: int = 0
+    parts_waiting: int = 0
+    parts_waiting_seconds: float = 0.0
+    parts_since: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -219,6 +226,8 @@ class ActiveJob:
     audio_seconds: float | None = None
     submitted_at: datetime | None = None
     started_at: datetime | None = None
+    # Cut into parts: its work is counted by part (`JobCounts.parts_waiting`), not here.
+    parted: bool = False
 
 
 @dataclass(frozen=True)
@@ -249,6 +258,9 @@ class FleetState:
     dispatchable: tuple[str, ...] = ()
     job_counts: tuple[JobCounts, ...] = ()
     active_jobs: tuple[ActiveJob, ...] = ()
+    # Parts of long jobs running now (app/jobs/parts.py), one per busy worker at most: what
+    # each such worker still has to do (`audio_seconds` is the part's span).
+    running_parts: tuple[ActiveJob, ...] = ()
     # When the fleet last came back from a stop (app.fleet.reconcile.listening_since):
     # nothing could hear the workers before, so their silence counts from here at the earliest.
     listening_since: datetime | None = None
@@ -378,10 +390,20 @@ class Tally:
     serving: int = 0  # live, not draining
     dispatched: int = 0
     running: int = 0
+    # Parts of long jobs on its queue, not claimed yet, and the audio they hold.
+    parts_waiting: int = 0
+    parts_seconds: float = 0.0
+    parts_since: datetime | None = None
     new: int = 0
     hourly_eur: float = 0.0
     status: str = "ok"
     workers: list[WorkerSnapshot] = field(default_factory=list)
+
+    @property
+    def queued_messages(self) -> int:
+        """What its free workers will take from its queue before anything dispatched now:
+        jobs, and parts of long jobs."""
+        return self.dispatched + self.parts_waiting
 
 
 def age_of(now: datetime, since: datetime | None) -> timedelta | None:

@@ -54,7 +54,7 @@ from app.fleet.plan_records import (
     short_reason,
     stock_detail,
 )
-from app.fleet.scaling_policy import grow_backlogs, provision_waiting
+from app.fleet.scaling_policy import grow_backlogs, grow_for_parts, provision_waiting
 from app.models import WorkerState
 
 
@@ -69,6 +69,7 @@ def plan_fleet(state: FleetState) -> FleetPlan:
     _reroute(r)
     _dispatch(r)
     grow_backlogs(r)
+    grow_for_parts(r)
     provision_waiting(r)
     retire(r)
     return _finish(r, _orphans(state))
@@ -119,6 +120,9 @@ def _count(r: Round) -> None:
         t = r.tally(c.profile)
         t.dispatched += c.dispatched
         t.running += c.running
+        t.parts_waiting += c.parts_waiting
+        t.parts_seconds += c.parts_waiting_seconds
+        t.parts_since = c.parts_since
     r.planned_eur = r.current_eur
 
 
@@ -155,6 +159,42 @@ def _reroute(r: Round) -> None:
             t.running = max(0, t.running - 1)
         else:
             t.dispatched = max(0, t.dispatched - 1)
+    _not_left_to_a_boot(r)
+
+
+def _not_left_to_a_boot(r: Round) -> None:
+    """2b. A dispatched job waiting on a profile whose workers are all still booting goes back
+    to the queue when a ready worker of a profile earlier in the allowlist that serves it is
+    free: it (or its parts) takes that worker now instead of waiting a boot beside it (issue
+    34: no part waits while a capable worker idles). Never towards a later profile: a
+    fallback's ready workers get no new work while the preferred profile can have it."""
+    state = r.state
+    requeued = {q.job_id for q in r.requeues}
+    free_ready: dict[str, int] = {}  # in allowlist order
+    for p, t in r.enabled():
+        idle = sum(1 for w in t.workers if w.state == READY and not w.busy)
+        free_ready[p.name] = idle - t.queued_messages
+    order = [p.name for p in state.profiles]
+    for j in state.active_jobs:
+        if j.status != DISPATCHED or j.profile not in order or j.id in requeued:
+            continue
+        t = r.tally(str(j.profile))
+        if any(w.state == READY for w in t.workers):
+            continue
+        earlier = order[: order.index(str(j.profile))]
+        elsewhere = next(
+            (
+                name
+                for name, n in free_ready.items()
+                if n > 0 and name in earlier and serves(state, j.id, name)
+            ),
+            None,
+        )
+        if elsewhere is None:
+            continue
+        free_ready[elsewhere] -= 1
+        reason = f"it waits for a boot while a ready worker of {elsewhere} is free"
+        r.requeues.append(Requeue(j.id, j.profile, reason))
 
 
 def _dispatch(r: Round) -> None:
@@ -179,7 +219,8 @@ def _dispatch(r: Round) -> None:
     preferred: set[str] = set()  # jobs one of them serves
     choices = _choices(state, pool)
     for p, t in r.enabled():
-        free = sum(1 for w in t.workers if w.state in SERVING and not w.busy) - t.dispatched
+        serving_idle = sum(1 for w in t.workers if w.state in SERVING and not w.busy)
+        free = serving_idle - t.queued_messages
         booting = sum(1 for w in t.workers if w.state in SERVING - {READY} and not w.busy)
         if open_before:
             # Jobs already on its queue go to its ready workers first.

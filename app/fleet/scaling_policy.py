@@ -12,6 +12,14 @@ the profile at its bound go on to the next profile in the walk, as a stock-out's
 Without that knowledge (a job of unknown length, a profile that has finished no job yet) each
 waiting job gets a worker of its own, as before: the safe side for latency. Only a stock-out,
 a disabled profile or a bound moves the walk on; a profile held after another error stops it.
+
+Parts of a long job (app/jobs/parts.py) on a profile's queue are work like jobs, weighed by
+the same two rules (`grow_for_parts`): a worker is booted for them only when it drains the
+profile's queue sooner by more than its own boot, or when a part would otherwise start later
+than `rules.target_wait` after its job's submission. So a short job cut in parts never boots
+a worker per part (one worker finishes them before another would boot), while a long file on an
+idle fleet gets as many workers as pay for their boot, within `max_workers` and the budget.
+Without a measured speed, parts boot only the profile's first worker; they use what is free.
 """
 
 from __future__ import annotations
@@ -152,6 +160,26 @@ def grow_backlogs(r: Round) -> None:
             held = p
 
 
+def grow_for_parts(r: Round) -> None:
+    """4a'. Workers for the parts of long jobs on a profile's queue (see the module's rules)."""
+    rules = r.state.rules
+    target = rules.target_wait.total_seconds()
+    for p in r.state.profiles:
+        t = r.tallies[p.name]
+        if not t.parts_waiting or not p.enabled or t.status != "ok":
+            continue
+        room = max(0, p.max_workers - t.live - t.new)
+        boot = profile_boot(p, rules)
+        free_in = _free_in(r, p, boot)
+        if p.speed is None or p.speed <= 0:
+            if not free_in:
+                add_workers(r, p, min(1, room), "parts: first worker for the parts on its queue")
+            continue
+        queue = _queue(r, p, [], p.speed)  # its jobs and parts not started yet
+        n, rule = workers_wanted(free_in, queue, boot, target, room)
+        add_workers(r, p, n, f"parts: {rule}")
+
+
 # Why a profile gets no new worker in the walk, for the reasons that move on to the next one.
 SKIPPED = {
     "disabled": "{name}: disabled",
@@ -280,7 +308,7 @@ def _free_in(r: Round, p: ProfileSnapshot, boot: float) -> list[float]:
     now = r.state.now
     running = {
         j.worker_id: j
-        for j in r.state.active_jobs
+        for j in (*r.state.active_jobs, *r.state.running_parts)
         if j.status == RUNNING and j.worker_id is not None
     }
     out = []
@@ -303,13 +331,14 @@ def _free_in(r: Round, p: ProfileSnapshot, boot: float) -> list[float]:
 def _queue(
     r: Round, p: ProfileSnapshot, mine: list[WaitingJob], speed: float
 ) -> list[tuple[float, float]]:
-    """(seconds waited, seconds of work) of the jobs on the profile's queue not started yet
-    (this round's dispatches included), oldest first, then of `mine`, in their order."""
+    """(seconds waited, seconds of work) of the jobs and parts on the profile's queue not
+    started yet (this round's dispatches included), oldest first, then of `mine`, in their
+    order."""
     now = r.state.now
     waiting = {j.id: j for j in r.state.waiting_jobs}
     ahead: list[tuple[float, float]] = []
     for a in r.state.active_jobs:
-        if a.profile == p.name and a.status == DISPATCHED:
+        if a.profile == p.name and a.status == DISPATCHED and not a.parted:
             since = a.submitted_at or a.dispatched_at or now
             ahead.append(((now - since).total_seconds(), (a.audio_seconds or 0.0) / speed))
     for d in r.dispatches:
@@ -317,6 +346,10 @@ def _queue(
         if d.profile == p.name and job is not None:
             work = (job.audio_seconds or 0.0) / speed
             ahead.append(((now - job.submitted_at).total_seconds(), work))
+    t = r.tallies[p.name]
+    if t.parts_waiting:  # parts of long jobs, each its part of the audio
+        waited = (now - t.parts_since).total_seconds() if t.parts_since else 0.0
+        ahead += [(waited, t.parts_seconds / t.parts_waiting / speed)] * t.parts_waiting
     ahead.sort(key=lambda q: -q[0])
     return ahead + [
         ((now - j.submitted_at).total_seconds(), (j.audio_seconds or 0.0) / speed) for j in mine

@@ -1,5 +1,8 @@
 """Read the fleet for the planner: profiles, workers, job aggregates, queue depths, inventory.
 
+A job cut into parts (app/jobs/parts.py) is read as its parts: its waiting parts per profile
+(`JobCounts.parts_waiting`), its unfinished parts in its owner's work in service.
+
 Jobs are read as aggregates (GROUP BY) plus bounded lists: the head of each owner's queue per
 kind of job (a window function, `_queued_heads`) and a sample of the active jobs, so the
 planner's input stays bounded whatever the backlog (100,000 jobs: docs/performance.md).
@@ -39,7 +42,9 @@ from app.jobs import routing
 from app.models import (
     SEEN_STARTING_AT,
     Job,
+    JobPart,
     JobStatus,
+    PartStatus,
     ProfileState,
     Worker,
     server_gone,
@@ -112,7 +117,7 @@ def read_snapshot(
         queued=db.queued,
         oldest_queued_at=as_utc(db.oldest_queued_at),
         dispatchable=tuple(h.id for h in db.heads),
-        job_counts=_job_counts(db.counts),
+        job_counts=_job_counts(db.counts, db.part_counts),
         active_jobs=tuple(
             ActiveJob(
                 id=a.id,
@@ -123,8 +128,20 @@ def read_snapshot(
                 audio_seconds=a.duration_seconds,
                 submitted_at=as_utc(a.created_at),
                 started_at=as_utc(a.started_at),
+                parted=a.id in db.parted,
             )
             for a in db.active
+        ),
+        running_parts=tuple(
+            ActiveJob(
+                id=pid,
+                profile=profile,
+                status=JobStatus.RUNNING.value,
+                worker_id=worker_id,
+                audio_seconds=float(span),
+                started_at=as_utc(started),
+            )
+            for pid, profile, worker_id, span, started in db.running_parts
         ),
         waiting_jobs=tuple(
             WaitingJob(
@@ -180,9 +197,16 @@ class _Rows:
     in_service: dict[str, int] = field(default_factory=dict)
     # (id, language, task, model, diarize) of the active sample
     needs: Sequence[Any] = ()
+    # Parts of long jobs waiting on each profile's queue: (profile, count, seconds, oldest job)
+    part_counts: Sequence[Any] = ()
+    # Of the active sample, the jobs cut into parts.
+    parted: frozenset[str] = frozenset()
+    # Parts running now: rows of (id, profile, worker_id, seconds, started_at)
+    running_parts: Sequence[Any] = ()
 
 
 _ACTIVE_STATES = (JobStatus.DISPATCHED.value, JobStatus.RUNNING.value)
+_OPEN_PARTS = (PartStatus.DISPATCHED.value, PartStatus.RUNNING.value)
 _NEED_COLUMNS = (Job.id, Job.language, Job.task, Job.model, Job.diarize)
 
 
@@ -276,8 +300,33 @@ def _read_rows(svc: Services) -> _Rows:
         rows = list(s.scalars(select(Worker).where(Worker.deleted_at.is_(None))))
         counts = s.execute(
             select(Job.profile, Job.status, func.count())
-            .where(Job.status.in_(_ACTIVE_STATES))
+            .where(Job.status.in_(_ACTIVE_STATES), ~_has_parts())
             .group_by(Job.profile, Job.status)
+        ).all()
+        running_parts = s.execute(
+            select(
+                JobPart.id,
+                Job.profile,
+                JobPart.worker_id,
+                JobPart.end_seconds - JobPart.start_seconds,
+                JobPart.started_at,
+            )
+            .select_from(JobPart)
+            .join(Job, Job.id == JobPart.job_id)
+            .where(JobPart.status == PartStatus.RUNNING.value, Job.status.in_(_ACTIVE_STATES))
+            .limit(MAX_ACTIVE_JOBS)
+        ).all()
+        part_counts = s.execute(
+            select(
+                Job.profile,
+                func.count(),
+                func.sum(JobPart.end_seconds - JobPart.start_seconds),
+                func.min(Job.created_at),
+            )
+            .select_from(JobPart)
+            .join(Job, Job.id == JobPart.job_id)
+            .where(JobPart.status == PartStatus.DISPATCHED.value, Job.status.in_(_ACTIVE_STATES))
+            .group_by(Job.profile)
         ).all()
         queued, oldest = s.execute(
             select(func.count(), func.min(Job.created_at)).where(_queued_ready())
@@ -286,17 +335,14 @@ def _read_rows(svc: Services) -> _Rows:
         active = _active_jobs(s)
         in_service: dict[str, int] = {}
         needs: Sequence[Any] = ()
+        parted: frozenset[str] = frozenset()
         if active:
-            in_service = {
-                str(owner): int(n)
-                for owner, n in s.execute(
-                    select(Job.owner, func.count())
-                    .where(Job.status.in_(_ACTIVE_STATES))
-                    .group_by(Job.owner)
-                )
-            }
+            in_service = _in_service(s)
             ids = [a.id for a in active]
             needs = s.execute(select(*_NEED_COLUMNS).where(Job.id.in_(ids))).all()
+            parted = frozenset(
+                s.scalars(select(JobPart.job_id).where(JobPart.job_id.in_(ids)).distinct())
+            )
     return _Rows(
         learned=learned,
         workers=rows,
@@ -307,7 +353,35 @@ def _read_rows(svc: Services) -> _Rows:
         heads=heads,
         in_service=in_service,
         needs=needs,
+        part_counts=part_counts,
+        parted=parted,
+        running_parts=running_parts,
     )
+
+
+def _has_parts() -> ColumnElement[bool]:
+    return select(JobPart.id).where(JobPart.job_id == Job.id).exists()
+
+
+def _in_service(s: Session) -> dict[str, int]:
+    """Each owner's work in service: its active jobs, a job cut into parts counting as its
+    unfinished parts (fair dispatch counts parts: app/fleet/dispatch_order.py)."""
+    jobs = s.execute(
+        select(Job.owner, func.count())
+        .where(Job.status.in_(_ACTIVE_STATES), ~_has_parts())
+        .group_by(Job.owner)
+    )
+    parts = s.execute(
+        select(Job.owner, func.count())
+        .select_from(JobPart)
+        .join(Job, Job.id == JobPart.job_id)
+        .where(Job.status.in_(_ACTIVE_STATES), JobPart.status.in_(_OPEN_PARTS))
+        .group_by(Job.owner)
+    )
+    counted: dict[str, int] = {}
+    for owner, n in [*jobs, *parts]:
+        counted[str(owner)] = counted.get(str(owner), 0) + int(n)
+    return counted
 
 
 def _profile_snapshots(
@@ -386,17 +460,23 @@ def _inventory(
     return instances, known
 
 
-def _job_counts(rows: Sequence[Row[str | None, str, int]]) -> tuple[JobCounts, ...]:
+def _job_counts(
+    rows: Sequence[Row[str | None, str, int]], part_rows: Sequence[Any] = ()
+) -> tuple[JobCounts, ...]:
     by_profile: dict[str, dict[str, int]] = {}
     for profile, status, count in rows:
         if profile is None:
             continue
         by_profile.setdefault(profile, {})[status] = int(count)
+    parts = {str(p): (int(n), float(secs or 0.0), as_utc(since)) for p, n, secs, since in part_rows}
     return tuple(
         JobCounts(
             profile=name,
-            dispatched=c.get(JobStatus.DISPATCHED.value, 0),
-            running=c.get(JobStatus.RUNNING.value, 0),
+            dispatched=by_profile.get(name, {}).get(JobStatus.DISPATCHED.value, 0),
+            running=by_profile.get(name, {}).get(JobStatus.RUNNING.value, 0),
+            parts_waiting=parts.get(name, (0, 0.0, None))[0],
+            parts_waiting_seconds=parts.get(name, (0, 0.0, None))[1],
+            parts_since=parts.get(name, (0, 0.0, None))[2],
         )
-        for name, c in sorted(by_profile.items())
+        for name in sorted(set(by_profile) | set(parts))
     )

@@ -3,6 +3,9 @@
 The row moves `queued -> dispatched` (with its profile) inside a transaction before the
 message is sent; if the broker refuses, the row goes back to `queued` and the next reconcile
 retries. A job is therefore never on two live queues at once, and never lost.
+
+A job cut into parts (app/jobs/parts.py) is sent as one message per unfinished part, each
+naming the part's id, never the job's; its parts follow the job back to `queued`.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import redis
 from celery import Celery
 
 from app.db import Database
-from app.models import Job, JobStatus
+from app.jobs import parts
+from app.models import Job, JobStatus, utcnow
 from app.transitions import move_job
 from gpu_worker.protocol.broker import TRANSCRIBE_TASK, queue_name
 
@@ -42,13 +46,38 @@ def dispatch_job(db: Database, celery: Celery, job_id: str, profile: str, *, now
 
 
 def send_dispatched(db: Database, celery: Celery, job_id: str, profile: str) -> bool:
-    """Send the message for a job already marked dispatched; on failure put it back to queued."""
+    """Send the message for a job already marked dispatched (one per waiting part for a job
+    cut into parts); on failure put it back to queued."""
+    ids = parts.to_send(db, job_id, utcnow())
     try:
-        celery.send_task(TRANSCRIBE_TASK, args=[job_id], queue=queue_name(profile), retry=False)
+        for message in [job_id] if ids is None else ids:
+            celery.send_task(
+                TRANSCRIBE_TASK, args=[message], queue=queue_name(profile), retry=False
+            )
     except Exception as exc:  # broker down: keep the job, reconcile dispatches it later
         log.warning("broker refused job %s for %s: %s", job_id, profile, type(exc).__name__)
         with db.session() as s:
-            move_job(s, job_id, [JobStatus.DISPATCHED], JobStatus.QUEUED, dispatched_at=None)
+            if move_job(s, job_id, [JobStatus.DISPATCHED], JobStatus.QUEUED, dispatched_at=None):
+                parts.requeue(s, job_id)
+        return False
+    return True
+
+
+def send_parts(db: Database, celery: Celery, part_ids: Collection[str], profile: str) -> bool:
+    """Send parts of a running job again (a retry, a dead holder's); if the broker refuses,
+    the whole job goes back to the queue, its parts with it, for the reconcile to send."""
+    try:
+        for pid in part_ids:
+            celery.send_task(TRANSCRIBE_TASK, args=[pid], queue=queue_name(profile), retry=False)
+    except Exception as exc:
+        log.warning("broker refused parts of %s: %s", profile, type(exc).__name__)
+        with db.session() as s:
+            for job_id in {parts.job_of(pid) for pid in part_ids}:
+                if move_job(
+                    s, job_id, [JobStatus.RUNNING], JobStatus.QUEUED,
+                    dispatched_at=None, worker_id=None,
+                ):  # fmt: skip
+                    parts.requeue(s, job_id)
         return False
     return True
 
@@ -61,7 +90,7 @@ def requeue_job(db: Database, job_id: str, from_profile: str) -> bool:
     already) is harmless: its claim is refused, the job is no longer dispatched to it.
     """
     with db.session() as s:
-        return move_job(
+        moved = move_job(
             s,
             job_id,
             [JobStatus.DISPATCHED, JobStatus.RUNNING],
@@ -70,6 +99,9 @@ def requeue_job(db: Database, job_id: str, from_profile: str) -> bool:
             dispatched_at=None,
             worker_id=None,
         )
+        if moved:
+            parts.requeue(s, job_id)
+    return moved
 
 
 # How many messages of one queue a withdrawal reads, at most, and per round trip.
@@ -120,7 +152,8 @@ def withdraw_messages(
             break
         for item in reversed(chunk):
             raw = item if isinstance(item, bytes) else item.encode()
-            if _job_of(raw) in wanted:
+            named = _job_of(raw)
+            if named is not None and parts.job_of(named) in wanted:  # a job's, or its part's
                 found.append(raw)  # every copy: an older re-route may have left one too
         end -= _WITHDRAW_CHUNK
     removed = 0

@@ -1,7 +1,8 @@
 """What a claim hands a worker, and what the signed audio URL in it opens.
 
 Invariant: the audio URL is issued by a successful claim and serves only that run: the same
-worker, the same attempt, the job still running. Once the job has ended, been cancelled or
+worker, the same attempt, the job still running (for a part of a long job: the part's claim,
+the part and its job still running). Once the job has ended, been cancelled or
 handed back, or been claimed again (by another worker or the same one), nobody holding an old
 URL may read the audio; each claim issues a new one. Signing and expiry read the services'
 clock.
@@ -22,16 +23,41 @@ from app.config import Settings
 from app.credentials import sign_audio_url, verify_audio_signature
 from app.db import Database
 from app.errors import Refused
+from app.jobs import parts
+from app.jobs.cuts import OVERLAP_SECONDS
 from app.jobs.service import get_job
-from app.models import Job, JobStatus
+from app.models import Job, JobPart, JobStatus, PartStatus
 from app.storage import AudioStore
 from gpu_worker.protocol import routes
-from gpu_worker.protocol.claim import ClaimedJob
+from gpu_worker.protocol.claim import ClaimedJob, ClaimedPart
 
 
 def handed_over(settings: Settings, store: AudioStore, job: Job, now: datetime) -> ClaimedJob:
     """The claimed job as the worker gets it, with an audio URL for this claim alone."""
     assert job.worker_id is not None  # a successful claim sets both
+    url = _audio_url(settings, store, job.audio_key, (job.id, job.worker_id, job.attempts), now)
+    return _claimed(settings, job, url)
+
+
+def handed_over_part(
+    settings: Settings, store: AudioStore, job: Job, part: JobPart, count: int, now: datetime
+) -> ClaimedJob:
+    """A claimed part as the worker gets it: the job's options (its prompt on the first part
+    only), the part's span plus the overlap, and an audio URL for this part's claim alone."""
+    assert part.worker_id is not None  # a successful claim sets it
+    url = _audio_url(settings, store, job.audio_key, (part.id, part.worker_id, part.attempts), now)
+    until = part.end_seconds
+    if part.index < count - 1:
+        until = min(part.end_seconds + OVERLAP_SECONDS, job.duration_seconds or until)
+    span = ClaimedPart(
+        index=part.index, count=count, offset_seconds=part.start_seconds, until_seconds=until
+    )
+    whole = _claimed(settings, job, url)
+    prompt = job.prompt if part.index == 0 else None
+    return whole.model_copy(update={"id": part.id, "prompt": prompt, "part": span})
+
+
+def _claimed(settings: Settings, job: Job, audio_url: str) -> ClaimedJob:
     return ClaimedJob(
         id=job.id,
         language=job.language,
@@ -47,26 +73,33 @@ def handed_over(settings: Settings, store: AudioStore, job: Job, now: datetime) 
         # The worker stops decoding past this (gpu_worker/audio.py), whatever the file
         # claims: the probe's count is one defence, this is the second.
         max_audio_seconds=settings.api.max_audio_seconds,
-        audio_url=_audio_url(settings, store, job, now),
+        audio_url=audio_url,
     )
 
 
-def _audio_url(settings: Settings, store: AudioStore, job: Job, now: datetime) -> str:
-    """The store's own short-lived URL where it has one, else the API's signed route."""
-    assert job.worker_id is not None
-    if job.audio_key is not None:
-        direct = store.direct_url(job.audio_key, settings.storage.presigned_url_ttl_seconds)
+def _audio_url(
+    settings: Settings,
+    store: AudioStore,
+    audio_key: str | None,
+    claim: tuple[str, str, int],
+    now: datetime,
+) -> str:
+    """The store's own short-lived URL where it has one, else the API's signed route bound to
+    the claim: (the job's or part's id, the worker, the attempt)."""
+    if audio_key is not None:
+        direct = store.direct_url(audio_key, settings.storage.presigned_url_ttl_seconds)
         if direct is not None:
             return direct
+    claimed, worker_id, attempt = claim
     query = sign_audio_url(
         settings.reveal("signing_key"),
-        job.id,
-        job.worker_id,
-        job.attempts,
+        claimed,
+        worker_id,
+        attempt,
         settings.api.signed_url_ttl_seconds,
         now=now.timestamp(),
     )
-    return f"{settings.api.public_url.rstrip('/')}{routes.audio_path(job.id)}?{query}"
+    return f"{settings.api.public_url.rstrip('/')}{routes.audio_path(claimed)}?{query}"
 
 
 def claimed_audio(
@@ -84,13 +117,26 @@ def claimed_audio(
     )
     if issued is None:
         raise Refused("invalid_signature", "the audio URL is invalid or has expired")
-    job = get_job(db, job_id)
+    holder = _holder(db, job_id)
+    job = get_job(db, parts.job_of(job_id))
     if (
         job.status != JobStatus.RUNNING.value
-        or job.worker_id != issued.worker_id
-        or job.attempts != issued.attempt
+        or holder is None
+        or holder != (issued.worker_id, issued.attempt)
     ):
         raise Refused("audio_url_expired", "the job is no longer running on a worker")
     if job.audio_key is None:
         raise Refused("audio_not_found", "the job has no stored audio")
     return job.audio_key
+
+
+def _holder(db: Database, claimed: str) -> tuple[str | None, int] | None:
+    """(worker, attempt) of a running job's or part's current claim; None if not running."""
+    if not parts.is_part(claimed):
+        job = get_job(db, claimed)
+        return (job.worker_id, job.attempts) if job.status == JobStatus.RUNNING.value else None
+    with db.reader() as s:
+        part = s.get(JobPart, claimed)
+    if part is None or part.status != PartStatus.RUNNING.value:
+        return None
+    return part.worker_id, part.attempts

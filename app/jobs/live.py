@@ -26,7 +26,7 @@ from flask import Response, current_app
 from app.context import Services
 from app.db import as_utc
 from app.errors import STATUS, Refused
-from app.jobs import progress, service
+from app.jobs import parts, progress, service
 from app.jobs.event_hub import EventHub
 from app.jobs.event_stream import Cursor, Emitted, job_events, sse
 from app.jobs.openai_stream import data_line, openai_events
@@ -44,8 +44,12 @@ RETRY_MS = 3000
 
 
 def job_view(svc: Services, job: Job) -> dict[str, Any]:
-    """The job's JSON with its hot `progress` and `eta_seconds` (app/jobs/progress.py)."""
+    """The job's JSON with its hot `progress` and `eta_seconds` (app/jobs/progress.py), and
+    `parts` for a job cut into parts (app/jobs/parts.py)."""
     body = service.job_json(job)
+    counted = parts.summary(svc.db, job.id)
+    if counted is not None:
+        body["parts"] = counted
     return {**body, **progress.progress_fields(svc.redis, body, _running_seconds(svc, job))}
 
 

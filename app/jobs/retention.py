@@ -7,9 +7,9 @@ Invariants:
   next sweep finds nothing to delete and clears it, never a file that no row names.
 - Every step is idempotent and the row change is a compare-and-set, so two control workers
   sweeping at once (or a sweep beside a purge) delete each file at most once and never fail.
-- A purge removes the row itself (prompt, filename, URLs, transcript): afterwards the job is
-  unknown, exactly as if it had never existed (`404 job_not_found`), and its idempotency key
-  is free again.
+- A purge removes the row itself (prompt, filename, URLs, transcript), and a long job's part
+  rows (app/jobs/parts.py) with it: afterwards the job is unknown, exactly as if it had never
+  existed (`404 job_not_found`), and its idempotency key is free again.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from app.config import Settings
 from app.db import Database, rows_changed
 from app.errors import Refused
 from app.jobs.service import get_job
-from app.models import FINISHED_STATES, Job
+from app.models import FINISHED_STATES, Job, JobPart
 from app.storage import AudioStore
 
 log = logging.getLogger(__name__)
@@ -84,5 +84,7 @@ def purge_job(db: Database, store: AudioStore, job_id: str, owner: str) -> None:
                 Job.id == job_id, Job.owner == owner, Job.status.in_(FINISHED_STATES)
             ),
         )
+        if gone:  # a long job's parts (app/jobs/parts.py) go with it
+            s.execute(delete(JobPart).where(JobPart.job_id == job_id))
     if not gone:  # purged meanwhile by a concurrent request
         raise Refused("job_not_found", f"no job with id {job_id}")

@@ -11,6 +11,7 @@ import base64
 import json
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -28,7 +29,8 @@ from app.config import Settings
 from app.db import Database, as_utc
 from app.errors import Refused
 from app.inputs import text_problem
-from app.jobs import progress, routing
+from app.jobs import parts, progress, routing
+from app.jobs.cuts import Span
 from app.jobs.dispatch import dispatch_job
 from app.models import (
     FINISHED_STATES,
@@ -40,6 +42,7 @@ from app.models import (
     Worker,
     WorkerState,
     iso,
+    new_id,
 )
 from app.observability import record_job_finished
 from app.transitions import move_job
@@ -142,7 +145,13 @@ def find_idempotent(db: Database, owner: str, key: str) -> Job | None:
 
 
 def insert_job(
-    db: Database, req: JobRequest, *, now: datetime, settings: Settings | None = None, **fields: Any
+    db: Database,
+    req: JobRequest,
+    *,
+    now: datetime,
+    settings: Settings | None = None,
+    spans: Sequence[Span] = (),
+    **fields: Any,
 ) -> tuple[Job, bool]:
     """Commit a new job row; (job, created). An idempotency key already used returns that job.
 
@@ -150,8 +159,10 @@ def insert_job(
     as `dispatched` to a profile whose idle worker may take it (`routable_profile`), and the
     caller sends the message
     (`app.jobs.dispatch.send_dispatched`). Otherwise it stays `queued` for the reconcile.
+    With more than one of `spans`, the job's parts (app/jobs/parts.py) are written with it.
     """
     job = Job(
+        id=new_id("job"),
         owner=req.owner,
         source=req.source,
         source_url=req.source_url,
@@ -183,6 +194,8 @@ def insert_job(
                     job.profile = profile
                     job.dispatched_at = now
             s.add(job)
+            if len(spans) > 1:
+                s.add_all(parts.new_parts(job.id, spans, JobStatus(job.status), now))
     except IntegrityError:
         if req.idempotency_key is None:
             raise
@@ -373,6 +386,7 @@ def cancel_job(
     if not done:
         job = get_job(db, job_id, owner)
         raise Refused("job_finished", f"job {job_id} has already finished with status {job.status}")
+    parts.cancel(db, job_id, now)  # every part's worker hears it at its next status check
     return get_job(db, job_id, owner)
 
 

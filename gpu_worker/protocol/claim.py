@@ -6,6 +6,12 @@ Invariants:
 - Unknown fields are ignored, so a newer control plane may add some; fields an older
   control plane did not send have defaults. Without `max_audio_seconds` the worker applies
   `DEFAULT_MAX_AUDIO_SECONDS`, the control plane's own default `api.max_audio_seconds`.
+- A field whose meaning an older worker would get
+  wrong by ignoring it (`part`) is sent only to a worker whose readiness runtime lists the
+  feature (`features`, gpu_worker/protocol/readiness.py): a part is never claimed by a worker
+  that would transcribe the whole file for it.
+- A part (`ClaimedPart`) is transcribed over [offset_seconds, until_seconds) of the job's
+  audio only, and every time in its transcript is of the whole file (the offset added).
 """
 
 from __future__ import annotations
@@ -19,8 +25,22 @@ from gpu_worker.protocol.capabilities import MAX_SPEAKERS, MIN_SPEAKERS
 # The sampling temperatures a job may ask for (OpenAI's range).
 MIN_TEMPERATURE = 0.0
 MAX_TEMPERATURE = 1.0
+# The claim feature a worker lists in its readiness runtime when it transcribes parts.
+PARTS = "parts"
 # The longest audio accepted when nothing else says (4 h).
 DEFAULT_MAX_AUDIO_SECONDS = 4 * 3600.0
+
+
+class ClaimedPart(BaseModel):
+    """The span of the job's audio a part's claim asks for (app/jobs/parts.py cuts it)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    index: int = Field(ge=0)
+    count: int = Field(ge=1)
+    # Transcribe [offset_seconds, until_seconds) of the audio; shift every time by the offset.
+    offset_seconds: float = Field(ge=0, allow_inf_nan=False)
+    until_seconds: float = Field(gt=0, allow_inf_nan=False)
 
 
 class ClaimedJob(BaseModel):
@@ -49,3 +69,5 @@ class ClaimedJob(BaseModel):
     duration_seconds: float | None = None
     # The job's length limit: the worker stops decoding past it (gpu_worker/audio.py).
     max_audio_seconds: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    # Set when the claimed id is a part of a long job: only that span is transcribed.
+    part: ClaimedPart | None = None

@@ -98,6 +98,9 @@ class ReadinessRuntime(_Report):
     diarization: str | None = None
     # The GPU's CUDA capability, checked against the profile's compute type.
     cuda_capability: Capability | None = None
+    # The claim features this worker serves (gpu_worker/protocol/claim.py, `PARTS`): a part
+    # is handed only to a worker that lists "parts". Absent on workers from before parts.
+    features: list[str] | None = None
     # Diagnostics, never compared.
     gpu_name: str | None = None
     backend: str | None = None

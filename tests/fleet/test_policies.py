@@ -17,14 +17,18 @@ from app.db import Database
 from app.fleet.boot_policy import boot_estimate
 from app.fleet.learned import IMAGES_KEY, LEARNED_KEY, compute_learned, read_learned
 from app.fleet.planner import (
+    ActiveJob,
     Death,
     Delete,
+    Dispatch,
     FleetRules,
     FleetState,
     InstanceSnapshot,
+    JobCounts,
     MarkDead,
     ProfileSnapshot,
     Provision,
+    Requeue,
     WaitingJob,
     WorkerSnapshot,
     plan_fleet,
@@ -284,6 +288,131 @@ def test_each_decision_says_which_rule_made_it() -> None:
     assert any("first worker" in d for d in plan.decisions)
     (summary,) = plan.profiles
     assert summary.boot_estimate_seconds == 187.5 and summary.speed == 30.0
+
+
+# --- parts of long jobs (issue 34) -------------------------------------------------------------
+
+
+def warm(plan_state: FleetState) -> FleetState:
+    """The state with one ready, idle worker `w1` of l4, listed by the provider."""
+    listed = (InstanceSnapshot("scaleway", "i-w1", "running", "w1", "l4"),)
+    return replace(plan_state, workers=(ready("w1"),), inventory=listed)
+
+
+def parts_on(n: int, seconds: float, name: str = "l4", waited: float = 0.0) -> JobCounts:
+    """`n` parts holding `seconds` of audio in all, waiting on `name`'s queue."""
+    return JobCounts(name, parts_waiting=n, parts_waiting_seconds=seconds, parts_since=ago(waited))
+
+
+def test_a_long_file_in_parts_boots_the_workers_that_pay_for_their_boot() -> None:
+    # 2 h in 24 parts at 30x: 240 s of work. One worker (boot 187.5 s) would start the last part
+    # 417.5 s after submission, past the 300 s target: a second one; a third would drain the
+    # parts 40 s sooner, less than its boot: not booted.
+    idle = state([profile(max_workers=8)], (), job_counts=(parts_on(24, 7200.0),))
+    added = provisions(idle)
+    assert [p.profile for p in added] == ["l4", "l4"]
+    assert all(p.rule.startswith("parts: target wait") for p in added)
+    decisions = plan_fleet(idle).decisions
+    assert any(d.startswith("provision 2 x l4: parts: target wait") for d in decisions)
+
+
+def test_a_short_job_in_parts_never_boots_a_worker_per_part() -> None:
+    # 10 min in 2 parts: 20 s of work, done by one worker long before another would boot.
+    (only,) = provisions(state([profile(max_workers=8)], (), job_counts=(parts_on(2, 600.0),)))
+    assert only.rule == "parts: first worker for the waiting jobs"
+    # An idle ready worker takes them: nothing boots.
+    assert provisions(warm(state([profile()], (), job_counts=(parts_on(2, 600.0),)))) == []
+
+
+def test_parts_boot_within_max_workers_and_budget() -> None:
+    capped = state([profile(max_workers=1)], (), job_counts=(parts_on(24, 7200.0),))
+    assert len(provisions(capped)) == 1
+    poor = replace(
+        capped, profiles=(profile(max_workers=8),), rules=replace(RULES, max_hourly_eur=0.8)
+    )
+    assert len(provisions(poor)) == 1  # one worker costs 0.75 EUR/h
+    assert any("budget" in h for h in plan_fleet(poor).held_back)
+
+
+def test_parts_of_unknown_speed_boot_only_a_first_worker() -> None:
+    unknown = state([profile(speed=None)], (), job_counts=(parts_on(24, 7200.0),))
+    (first,) = provisions(unknown)
+    assert first.rule == "parts: first worker for the parts on its queue"
+    assert provisions(warm(unknown)) == []
+
+
+def test_a_free_worker_takes_the_parts_on_its_queue_before_a_new_job() -> None:
+    base = warm(state([profile()], jobs(60.0), dispatchable=("j0",)))
+    dispatched = [a for a in plan_fleet(base).actions if isinstance(a, Dispatch)]
+    assert [d.job_id for d in dispatched] == ["j0"]  # without parts, the free worker takes it
+    waiting = replace(base, job_counts=(parts_on(3, 900.0),))
+    assert not [a for a in plan_fleet(waiting).actions if isinstance(a, Dispatch)]
+
+
+def test_parts_never_wait_for_a_boot_beside_a_free_ready_worker() -> None:
+    booting = WorkerSnapshot(
+        id="w2",
+        profile="p100",
+        provider="scaleway",
+        state=WorkerState.BOOTING.value,
+        requested_at=ago(20),
+        instance_id="i-w2",
+        created_at=ago(19),
+    )
+    listed = (
+        InstanceSnapshot("scaleway", "i-w1", "running", "w1", "l4"),
+        InstanceSnapshot("scaleway", "i-w2", "starting", "w2", "p100"),
+    )
+
+    def on_p100(parted: bool) -> FleetState:
+        job = ActiveJob(
+            id="j9",
+            profile="p100",
+            status=JobStatus.DISPATCHED.value,
+            dispatched_at=ago(15),
+            audio_seconds=900.0,
+            submitted_at=ago(15),
+            parted=parted,
+        )
+        counts = (parts_on(3, 900.0, "p100", waited=15),) if parted else ()
+        return state(
+            [profile(), profile("p100")],
+            (),
+            workers=(ready("w1"), booting),
+            inventory=listed,
+            active_jobs=(job,),
+            job_counts=counts,
+        )
+
+    def on_l4(plan_state: FleetState) -> FleetState:
+        """The same, the other way round: the preferred l4 boots, p100's worker is free."""
+        swapped = tuple(
+            replace(w, profile="l4" if w.profile == "p100" else "p100") for w in plan_state.workers
+        )
+        listed_swapped = tuple(
+            replace(i, profile="l4" if i.profile == "p100" else "p100")
+            for i in plan_state.inventory
+        )
+        jobs_swapped = tuple(replace(a, profile="l4") for a in plan_state.active_jobs)
+        counts = tuple(replace(c, profile="l4") for c in plan_state.job_counts)
+        return replace(
+            plan_state,
+            workers=swapped,
+            inventory=listed_swapped,
+            active_jobs=jobs_swapped,
+            job_counts=counts,
+        )
+
+    plan = plan_fleet(on_p100(parted=True))
+    (requeue,) = [a for a in plan.actions if isinstance(a, Requeue)]
+    assert requeue.job_id == "j9" and "ready worker of l4 is free" in requeue.reason
+    assert [(a.job_id, a.profile) for a in plan.actions if isinstance(a, Dispatch)] == [
+        ("j9", "l4")
+    ]
+    # A whole job too; never towards a later profile (a fallback's ready worker gets no work
+    # the preferred profile can have).
+    assert [a for a in plan_fleet(on_p100(parted=False)).actions if isinstance(a, Requeue)]
+    assert not [a for a in plan_fleet(on_l4(on_p100(True))).actions if isinstance(a, Requeue)]
 
 
 # --- what the fleet learned, from the database ------------------------------------------------

@@ -158,3 +158,13 @@ def test_a_length_is_whole_samples_divided_once_per_rate() -> None:
     assert length.add(48000, 24000) == 1.5  # a second run, at another rate
     assert length.frames == 101
     assert sum([441 / 44100] * 100) != 1.0
+
+
+def test_a_part_decodes_the_file_only_up_to_its_span(fixtures_dir: Path) -> None:
+    """`stop_after_seconds` (a part of a long job) ends decoding there, without an error, and
+    the samples it gives are the whole decode's first ones."""
+    path = fixtures_dir / "speech-90s.wav"
+    whole = decode_bounded(path, 4 * 3600)
+    head = decode_bounded(path, 4 * 3600, stop_after_seconds=10.0)
+    assert 10.0 <= head.shape[0] / SAMPLE_RATE < 11.0
+    np.testing.assert_array_equal(head, whole[: head.shape[0]])

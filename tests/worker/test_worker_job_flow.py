@@ -194,3 +194,27 @@ def test_a_diarize_job_on_a_worker_without_diarization_fails_with_a_reason(
         "code": "diarization_failed",
         "message": "this worker's profile does not diarize",
     }
+
+
+def test_a_part_is_transcribed_over_its_span_with_the_files_times(
+    control_plane, transcriber, fixtures_dir
+):
+    """A claimed part (gpu_worker/parts.py): only [offset, until) of the audio is heard, and
+    every time in the result is the whole file's."""
+    span = {"index": 1, "count": 3, "offset_seconds": 30.0, "until_seconds": 50.0}
+    control_plane.add_job(
+        "job_1.1", (fixtures_dir / "speech-90s.wav").read_bytes(), word_timestamps=True, part=span
+    )
+    context = context_for(control_plane, transcriber)
+
+    assert process_job("job_1.1", context) is Outcome.SUCCEEDED
+
+    transcript = control_plane.results["job_1.1"]["transcript"]
+    assert transcript["duration"] == pytest.approx(20.0, abs=0.05)
+    assert context.state.snapshot().audio_seconds == pytest.approx(20.0, abs=0.05)
+    segments = transcript["segments"]
+    assert segments and transcript["text"]
+    words = [w for s in segments for w in s["words"]]
+    assert all(30.0 <= t <= 50.0 for w in words for t in (w["start"], w["end"]))
+    assert all(30.0 <= s["start"] <= s["end"] <= 50.0 for s in segments)
+    assert segments[0]["start"] < 32.0 and segments[-1]["end"] > 45.0

@@ -1,0 +1,259 @@
+"""A long job's parts through the workers' side door (app/jobs/parts.py, app/internal.py): cut at
+upload, one message each, claimed by several workers at once, a part's failure retried alone,
+results stored once and stitched when the last is in, cancel frees every part's holder, and a
+worker that does not list the `parts` feature never gets one."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from sqlalchemy.orm import undefer
+
+from app.config import Settings
+from app.credentials import InstanceCredential
+from app.db import Database
+from app.jobs import parts
+from app.models import Job, JobPart, Worker, WorkerState, utcnow
+from gpu_worker.protocol.claim import PARTS
+from tests.conftest import FIXTURES, REDIS_URL, SIGNING_KEY, add_worker, auth, make_settings
+
+SPEECH = (FIXTURES / "speech-90s.wav").read_bytes()
+QUEUE = "transcribe.local-cpu"
+
+
+@pytest.fixture()
+def settings(database_url: str, clean_redis: redis.Redis, tmp_path: Path) -> Settings:
+    return make_settings(database_url, REDIS_URL, tmp_path, MURMUR_PART_SECONDS="30")
+
+
+def ready_worker(db: Database, *, features: list[str] | None = None) -> Worker:
+    worker = add_worker(db, state=WorkerState.READY)
+    with db.session() as s:
+        row = s.get(Worker, worker.id)
+        assert row is not None
+        row.runtime = {"features": [PARTS] if features is None else features}
+    return worker
+
+
+def call(client: Any, worker: Worker, path: str, body: dict[str, Any] | None = None) -> Any:
+    token = InstanceCredential.derive(SIGNING_KEY, worker.id, worker.instance_id or "").token
+    return client.post(
+        f"/internal/workers/{worker.id}/{worker.instance_id}{path}",
+        json=body or {},
+        headers={"Authorization": f"Bearer {token}"},
+    )
+
+
+def submit(client: Any, **fields: str) -> dict[str, Any]:
+    response = client.post(
+        "/v1/jobs",
+        data={"file": (io.BytesIO(SPEECH), "long.wav"), **fields},
+        headers=auth(),
+        content_type="multipart/form-data",
+    )
+    assert response.status_code == 202, response.get_json()
+    return dict(response.get_json())
+
+
+def queued_ids(r: redis.Redis) -> list[str]:
+    ids = []
+    for raw in r.lrange(QUEUE, 0, -1):
+        message = json.loads(raw)
+        ids.append(json.loads(base64.b64decode(message["body"]))[0][0])
+    return sorted(ids)
+
+
+def words_of(span: tuple[float, float], until: float, text: str) -> dict[str, Any]:
+    """A part's transcript as a worker gives it: the file's words (one a second, at k + 0.2 s)
+    from the span's start to `until` (the overlap included), times of the whole file."""
+    words: list[dict[str, Any]] = []
+    k = int(span[0]) if span[0] <= int(span[0]) + 0.2 else int(span[0]) + 1
+    while k + 0.7 < until:
+        words.append({"word": f" {text}{k}", "start": k + 0.2, "end": k + 0.7})
+        k += 1
+    text = "".join(str(w["word"]) for w in words)
+    segment = {"start": words[0]["start"], "end": words[-1]["end"], "text": text, "words": words}
+    return {"text": text.strip(), "language": "en", "language_probability": 0.9,
+            "duration": until - span[0], "segments": [segment]}  # fmt: skip
+
+
+def test_a_long_upload_is_cut_into_parts_each_its_own_message(
+    client: Any, db: Database, clean_redis: redis.Redis
+) -> None:
+    ready_worker(db)
+    job = submit(client)
+    assert job["status"] == "dispatched"
+    shown = client.get(f"/v1/jobs/{job['id']}", headers=auth()).get_json()
+    assert shown["parts"] == {"count": 3, "done": 0, "running": 0}
+    with db.reader() as s:
+        rows = s.query(JobPart).filter(JobPart.job_id == job["id"]).order_by(JobPart.index).all()
+        spans = [(p.start_seconds, p.end_seconds) for p in rows]
+    assert spans[0][0] == 0.0 and abs(spans[-1][1] - job["duration_seconds"]) < 1e-6
+    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))
+    assert queued_ids(clean_redis) == [parts.part_id(job["id"], i) for i in range(3)]
+    # A short upload is not cut.
+    short = client.post(
+        "/v1/jobs",
+        data={"file": (io.BytesIO((FIXTURES / "speech-short.wav").read_bytes()), "s.wav")},
+        headers=auth(),
+        content_type="multipart/form-data",
+    ).get_json()
+    assert "parts" not in client.get(f"/v1/jobs/{short['id']}", headers=auth()).get_json()
+
+
+def test_parts_run_on_several_workers_and_are_stitched_once_when_the_last_is_in(
+    client: Any, db: Database
+) -> None:
+    first, second = ready_worker(db), ready_worker(db)
+    job = submit(client, prompt="Glossary: Murmur.")
+    ids = [parts.part_id(job["id"], i) for i in range(3)]
+    a = call(client, first, f"/jobs/{ids[0]}/claim").get_json()["job"]
+    b = call(client, second, f"/jobs/{ids[1]}/claim").get_json()["job"]
+    # Both run at once; the job is running with no single worker of its own.
+    shown = client.get(f"/v1/jobs/{job['id']}", headers=auth()).get_json()
+    assert shown["status"] == "running" and shown["parts"]["running"] == 2
+    assert a["prompt"] == "Glossary: Murmur." and b["prompt"] is None
+    assert a["part"]["offset_seconds"] == 0.0 and a["part"]["count"] == 3
+    assert b["part"]["offset_seconds"] == a["part"]["until_seconds"] - 2.0  # the overlap
+    # One part runs on one worker at a time.
+    assert call(client, first, f"/jobs/{ids[1]}/claim").status_code == 409
+    assert call(client, second, f"/jobs/{ids[0]}/status").get_json() == {"held": False}
+    assert call(client, first, f"/jobs/{ids[0]}/status").get_json() == {"held": True}
+
+    def result(worker: Worker, claimed: dict[str, Any], n: int) -> Any:
+        span = (claimed["part"]["offset_seconds"], claimed["part"]["until_seconds"])
+        body = {"transcript": words_of(span, span[1], "w"), "processing_seconds": 1.0}
+        return call(client, worker, f"/jobs/{ids[n]}/result", body).get_json()
+
+    assert result(first, a, 0) == {"stored": True}
+    assert result(first, a, 0) == {"stored": False}  # a redelivered result
+    assert result(second, b, 1) == {"stored": True}
+    assert client.get(f"/v1/jobs/{job['id']}", headers=auth()).get_json()["status"] == "running"
+    c = call(client, first, f"/jobs/{ids[2]}/claim").get_json()["job"]
+    assert result(first, c, 2) == {"stored": True}
+    done = client.get(f"/v1/jobs/{job['id']}", headers=auth()).get_json()
+    assert done["status"] == "succeeded"
+    assert done["parts"] == {"count": 3, "done": 3, "running": 0}
+    words = done["text"].split()
+    assert len(words) == len(set(words))  # the overlaps heard twice are kept once
+    seconds = [int(w[1:]) for w in words]
+    assert seconds == sorted(seconds) and seconds[0] == 0
+    assert seconds[-1] >= int(job["duration_seconds"]) - 2
+    transcript = client.get(
+        f"/v1/jobs/{job['id']}/transcript?format=verbose_json", headers=auth()
+    ).get_json()
+    starts = [s["start"] for s in transcript["segments"]]
+    assert starts == sorted(starts) and transcript["language"] == "en"
+    with db.reader() as s:
+        counted = s.get(Worker, first.id)
+        assert counted is not None and counted.jobs_done == 2 and counted.current_job_id is None
+        kept = (
+            s.query(JobPart)
+            .filter(JobPart.job_id == job["id"])
+            .options(undefer(JobPart.transcript))
+        )
+        assert all(p.transcript is None for p in kept)  # stitched: not kept twice
+    # Purging the job takes its parts with it.
+    assert client.delete(f"/v1/jobs/{job['id']}?purge=true", headers=auth()).status_code == 204
+    with db.reader() as s:
+        assert s.query(JobPart).filter(JobPart.job_id == job["id"]).count() == 0
+
+
+def test_a_parts_failure_retries_that_part_not_the_job(
+    client: Any, db: Database, clean_redis: redis.Redis
+) -> None:
+    first, second = ready_worker(db), ready_worker(db)
+    job = submit(client)
+    pid = parts.part_id(job["id"], 1)
+    clean_redis.delete(QUEUE)
+    assert call(client, first, f"/jobs/{pid}/claim").status_code == 200
+    failed = call(client, first, f"/jobs/{pid}/failure", {"code": "worker_error", "message": "x"})
+    assert failed.get_json() == {"stored": True}
+    assert queued_ids(clean_redis) == [pid]  # sent again, alone
+    shown = client.get(f"/v1/jobs/{job['id']}", headers=auth()).get_json()
+    assert shown["status"] == "running" and shown["error"] is None
+    with db.reader() as s:
+        assert s.get(Worker, first.id).current_job_id is None  # type: ignore[union-attr]
+    # The next claims use up fleet.max_attempts (3); the third failure fails the job.
+    for holder in (second, first):
+        assert call(client, holder, f"/jobs/{pid}/claim").status_code == 200
+        call(
+            client, holder, f"/jobs/{pid}/failure", {"code": "transcription_failed", "message": "y"}
+        )
+    ended = client.get(f"/v1/jobs/{job['id']}", headers=auth()).get_json()
+    assert ended["status"] == "failed"
+    assert ended["error"]["code"] == "transcription_failed"
+    assert ended["error"]["message"].startswith("part 1: ")
+    other = parts.part_id(job["id"], 0)
+    assert call(client, second, f"/jobs/{other}/claim").status_code == 409
+
+
+def test_a_failure_caused_by_the_audio_fails_the_job_at_once(client: Any, db: Database) -> None:
+    worker = ready_worker(db)
+    job = submit(client)
+    pid = parts.part_id(job["id"], 2)
+    call(client, worker, f"/jobs/{pid}/claim")
+    body = {"code": "audio_decode_failed", "message": "bad"}
+    assert call(client, worker, f"/jobs/{pid}/failure", body).get_json() == {"stored": True}
+    assert client.get(f"/v1/jobs/{job['id']}", headers=auth()).get_json()["status"] == "failed"
+
+
+def test_cancel_frees_every_parts_worker(client: Any, db: Database) -> None:
+    first, second = ready_worker(db), ready_worker(db)
+    job = submit(client)
+    ids = [parts.part_id(job["id"], i) for i in range(3)]
+    call(client, first, f"/jobs/{ids[0]}/claim")
+    call(client, second, f"/jobs/{ids[1]}/claim")
+    assert client.delete(f"/v1/jobs/{job['id']}", headers=auth()).status_code == 200
+    for worker, pid in ((first, ids[0]), (second, ids[1])):
+        assert call(client, worker, f"/jobs/{pid}/status").get_json() == {"held": False}
+        stopped = {"code": "cancelled", "message": "stopped"}
+        assert call(client, worker, f"/jobs/{pid}/failure", stopped).get_json() == {"stored": False}
+    with db.reader() as s:
+        for worker in (first, second):
+            assert s.get(Worker, worker.id).current_job_id is None  # type: ignore[union-attr]
+        statuses = {p.status for p in s.query(JobPart).filter(JobPart.job_id == job["id"])}
+    assert statuses == {"cancelled"}
+    assert call(client, first, f"/jobs/{ids[2]}/claim").status_code == 409
+
+
+def test_a_worker_without_the_parts_feature_never_gets_a_part(client: Any, db: Database) -> None:
+    ready_worker(db)
+    old = ready_worker(db, features=[])
+    job = submit(client)
+    refused = call(client, old, f"/jobs/{parts.part_id(job['id'], 0)}/claim")
+    assert refused.status_code == 409
+    assert refused.get_json()["error"]["code"] == "job_not_claimable"
+
+
+def test_a_parts_audio_url_serves_only_its_claim(client: Any, db: Database) -> None:
+    worker = ready_worker(db)
+    job = submit(client)
+    pid = parts.part_id(job["id"], 0)
+    claimed = call(client, worker, f"/jobs/{pid}/claim").get_json()["job"]
+    url = claimed["audio_url"].split("127.0.0.1:8000", 1)[-1]
+    assert client.get(url).data == SPEECH
+    call(client, worker, f"/jobs/{pid}/release")
+    gone = client.get(url)
+    assert gone.status_code == 410 and gone.get_json()["error"]["code"] == "audio_url_expired"
+
+
+def test_a_dead_holders_parts_are_sent_again(
+    client: Any, db: Database, clean_redis: redis.Redis
+) -> None:
+    dead, other = ready_worker(db), ready_worker(db)
+    job = submit(client)
+    pid = parts.part_id(job["id"], 1)
+    call(client, dead, f"/jobs/{pid}/claim")
+    assert parts.held_parts(db, dead.id, now=utcnow()) == [pid]
+    assert call(client, other, f"/jobs/{pid}/claim").status_code == 200
+    with db.reader() as s:
+        part = s.get(JobPart, pid)
+        assert part is not None and part.worker_id == other.id and part.attempts == 2
+        assert s.get(Job, job["id"]).status == "running"  # type: ignore[union-attr]
