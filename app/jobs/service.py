@@ -252,9 +252,9 @@ def routable_profile(
 
     The fast path for the common case: a job submitted beside an idle worker runs without
     waiting for the reconcile. It never queues a job behind others, so it cannot bypass the
-    planner's fairness: a profile takes the job only if one of its ready workers is idle and
-    not promised to a job already on its queue, and `owner` has no job of its own on that
-    queue yet. One token submitting 1,000 jobs puts one on the queue; the rest wait beside
+    planner's fairness: a profile takes the job only if one of its live workers (ready, or
+    booting: it takes the job once ready) is free and not promised to a job already on its
+    queue, and `owner` has no job of its own on that queue yet. One token submitting 1,000 jobs puts one on the queue; the rest wait beside
     another token's jobs, and the planner takes them in turns. The walk, in allowlist order:
     - a profile that could get a worker (no back-off, no hold) takes the job if it may (above);
       else, if it has live workers or could get one, the walk stops: new work prefers it, so
@@ -285,16 +285,17 @@ def routable_profile(
 
 
 def _routing_facts(session: Session, now: datetime, owner: str) -> dict[tuple[str, str], int]:
-    """(profile, fact) -> count, in one round trip on the submission path: live workers, ready
-    idle ones, jobs dispatched and not yet claimed (in all, and `owner`'s), back-offs, holds."""
+    """(profile, fact) -> count, in one round trip on the submission path: live workers, free
+    ones, jobs dispatched and not yet claimed (in all, and `owner`'s), back-offs, holds."""
     dispatched = Job.status == JobStatus.DISPATCHED.value
     rows: Any = session.execute(
         union(
             select(Worker.profile, literal("live"), func.count())
             .where(Worker.state.in_(LIVE_WORKER_STATES))
             .group_by(Worker.profile),
+            # Free: live (ready, or booting toward ready) and on no job.
             select(Worker.profile, literal("idle"), func.count())
-            .where(Worker.state == WorkerState.READY.value, Worker.current_job_id.is_(None))
+            .where(Worker.state.in_(LIVE_WORKER_STATES), Worker.current_job_id.is_(None))
             .group_by(Worker.profile),
             select(Job.profile, literal("queued"), func.count())
             .where(dispatched, Job.profile.is_not(None))
