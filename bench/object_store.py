@@ -203,9 +203,10 @@ def drill(tmp: Path, s3: S3Server | None, jobs: int) -> tuple[list[str], bool]:
     stack = start_stack(tmp / f"drill-{store}", s3, bucket, hosts=2, max_mb=1)
     a, b = stack.hosts
     try:
-        # Workers first: an upload is dispatched at once only to a profile with a worker.
+        # Workers first: an upload is dispatched at once only to a profile with a free worker.
         clients = [worker_client(stack, b) for _ in range(jobs + 1)]
         ids = [upload(a, SPEECH) for _ in range(jobs)]
+        dispatch_queued(stack, ids)
         runs = [run_job(client, b, job_id) for client, job_id in zip(clients, ids, strict=False)]
         # A redelivered task (a second worker, same job) must not store a second result.
         again = run_job(clients[-1], b, ids[0])
@@ -243,6 +244,19 @@ def drill(tmp: Path, s3: S3Server | None, jobs: int) -> tuple[list[str], bool]:
         return row, ok
     finally:
         stack.stop()
+
+
+def dispatch_queued(stack: Stack, ids: list[str]) -> None:
+    """What the reconcile does for the uploads submission left queued (one token's jobs wait
+    their fair turn there, docs/fleet.md): dispatch them to the workers' profile."""
+    from celery import Celery
+
+    from app.jobs.dispatch import dispatch_job
+    from app.models import utcnow
+
+    celery = Celery(broker=stack.env["MURMUR_REDIS_URL"])
+    for job_id in ids:
+        dispatch_job(stack.db, celery, job_id, "local-cpu", now=utcnow())  # False: dispatched
 
 
 def _refusal_code(stack: Stack, b: Host, ids: list[str]) -> str:

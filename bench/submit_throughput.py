@@ -68,7 +68,9 @@ def main() -> int:
 
     upgrade(env_m["MURMUR_DATABASE_URL"])
     db = Database(env_m["MURMUR_DATABASE_URL"])
-    with db.session() as s:  # a live worker, so every submission is dispatched at once
+    # A live worker: the first submission is dispatched at once, the rest of one token's burst
+    # wait queued for the reconcile's fair turns (docs/fleet.md; before issue 32 each was sent).
+    with db.session() as s:
         s.add(
             Worker(
                 profile="local-cpu",
