@@ -10,7 +10,6 @@ import re
 import signal
 import threading
 import time
-import wave
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,12 +21,12 @@ import requests
 from celery import Celery
 from openai import OpenAI
 
-from app.cli_follow import segment_line
+from app.cli_follow import parse_events, segment_line
 from app.jobs.dispatch import dispatch_job, requeue_job, withdraw_messages
 from app.models import Job, JobStatus
 from app.services import utc_clock
 from tests.conftest import API_TOKEN, FIXTURES, REDIS_URL, LiveApi, api_get, auth, wait_for
-from tests.test_cancel_running import TINY_PROFILE, upload
+from tests.test_cancel_running import TINY_PROFILE, long_speech, upload
 from tests.test_cli import client_env, murmur
 from tests.test_pipeline import transcript
 
@@ -48,28 +47,9 @@ def live_api_env(tmp_path: Path) -> dict[str, str]:
     return {"MURMUR_CONFIG": str(config), "MURMUR_STREAM_HEARTBEAT_SECONDS": "2"}
 
 
-def speech(path: Path, repeats: int) -> Path:
-    """speech-90s.wav `repeats` times over (4: a 6-minute file)."""
-    with wave.open(str(FIXTURES / "speech-90s.wav")) as src:
-        params, frames = src.getparams(), src.readframes(src.getnframes())
-    with wave.open(str(path), "wb") as out:
-        out.setparams(params)
-        for _ in range(repeats):
-            out.writeframes(frames)
-    return path
-
-
 def sse_events(response: requests.Response) -> Iterator[dict[str, Any]]:
-    """{"id", "event", "data"} per event of a text/event-stream (comments skipped)."""
-    event: dict[str, Any] = {}
-    for line in response.iter_lines(decode_unicode=True):
-        if line == "":
-            if "data" in event:
-                yield {**event, "data": json.loads(event["data"])}
-            event = {}
-        elif not line.startswith(":"):
-            field, _, value = line.partition(": ")
-            event[field] = value
+    """{"id", "event", "data"} per event, read as the CLI reads them."""
+    return parse_events(response.iter_lines(decode_unicode=True))
 
 
 def open_events(live: LiveApi, job_id: str, last_id: str | None = None) -> requests.Response:
@@ -88,7 +68,7 @@ def test_the_sdk_streams_a_long_file_as_it_is_transcribed(
     client = OpenAI(base_url=f"{live_api.url}/v1", api_key=API_TOKEN, max_retries=0)
     events: list[tuple[float, dict[str, Any]]] = []
     started = time.monotonic()
-    with speech(tmp_path / "six-minutes.wav", 4).open("rb") as fh:
+    with long_speech(tmp_path / "six-minutes.wav", 4).open("rb") as fh:
         stream = client.audio.transcriptions.create(model="whisper-1", file=fh, stream=True)
         for event in stream:
             events.append((time.monotonic() - started, event.model_dump(exclude_none=True)))
@@ -130,7 +110,7 @@ def test_the_events_stream_resumes_without_repeats(
     live_api: LiveApi, start_worker: Any, tmp_path: Path
 ) -> None:
     start_worker()
-    job = upload(live_api, speech(tmp_path / "three-minutes.wav", 2))
+    job = upload(live_api, long_speech(tmp_path / "three-minutes.wav", 2))
     first = open_events(live_api, job["id"])
     seen: list[dict[str, Any]] = []
     for event in sse_events(first):
@@ -161,7 +141,7 @@ def test_a_job_redelivered_mid_way_streams_each_segment_once(
     live_api: LiveApi, start_worker: Any, tmp_path: Path
 ) -> None:
     _, first_worker = start_worker()
-    job = upload(live_api, speech(tmp_path / "six-minutes.wav", 4))
+    job = upload(live_api, long_speech(tmp_path / "six-minutes.wav", 4))
     stream = open_events(live_api, job["id"])
     events = sse_events(stream)
     seen: list[dict[str, Any]] = []
@@ -201,7 +181,7 @@ def test_the_cli_follows_a_job_to_its_end(
 ) -> None:
     start_worker()
     env = client_env(live_api)
-    path = speech(tmp_path / "three-minutes.wav", 2)
+    path = long_speech(tmp_path / "three-minutes.wav", 2)
     followed = murmur(["submit", str(path), "--follow", "--progress"], env, timeout=300)
     assert followed.returncode == 0, followed.stderr
     job_id = api_get(live_api, "/v1/jobs").json()["data"][0]["id"]

@@ -84,8 +84,7 @@ class JobSource:
         return standing.attempt if standing else 0
 
     def segments(self) -> list[dict[str, Any]]:
-        transcript = service.get_transcript(self._svc.db, self._job_id) or {}
-        return list(transcript.get("segments", []))
+        return list(self.transcript().get("segments", []))
 
     def transcript(self) -> dict[str, Any]:
         return service.get_transcript(self._svc.db, self._job_id) or {}

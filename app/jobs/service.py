@@ -40,7 +40,6 @@ from app.models import (
     ProfileState,
     WebhookStatus,
     Worker,
-    WorkerState,
     iso,
     new_id,
 )
@@ -254,8 +253,9 @@ def routable_profile(
     waiting for the reconcile. It never queues a job behind others, so it cannot bypass the
     planner's fairness: a profile takes the job only if one of its live workers (ready, or
     booting: it takes the job once ready) is free and not promised to a job already on its
-    queue, and `owner` has no job of its own on that queue yet. One token submitting 1,000 jobs puts one on the queue; the rest wait beside
-    another token's jobs, and the planner takes them in turns. The walk, in allowlist order:
+    queue, and `owner` has no job of its own on that queue yet. One token submitting 1,000
+    jobs puts one on the queue; the rest wait beside another token's jobs, and the planner
+    takes them in turns. The walk, in allowlist order:
     - a profile that could get a worker (no back-off, no hold) takes the job if it may (above);
       else, if it has live workers or could get one, the walk stops: new work prefers it, so
       a later fallback's warm worker does not keep the job;
