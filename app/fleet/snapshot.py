@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from app.config import Settings
 from app.db import as_utc
-from app.fleet.dispatch_order import fair_order
+from app.fleet.dispatch_order import due_order, fair_order
 from app.fleet.learned import Learned, read_learned
 from app.fleet.planner import (
     ActiveJob,
@@ -94,7 +94,12 @@ def read_snapshot(
     routes = _routes(svc.settings, [h[:1] + h[4:8] for h in db.heads] + list(db.needs))
     owners = {h.id: h.owner for h in db.heads}
     served = read_served(svc.redis) if owners else {}
-    order = fair_order([h.id for h in db.heads], owners, db.in_service, served)
+    speeds = [v for k, v in learned.speed.items() if k in images]
+    heads = due_order(
+        ((h.id, as_utc(h.created_at) or now, h.duration) for h in db.heads),
+        max(speeds, default=None),
+    )
+    order = fair_order(heads, owners, db.in_service, served)
     by_id = {h.id: h for h in db.heads}
     state = FleetState(
         now=now,
@@ -116,7 +121,7 @@ def read_snapshot(
         inventory_known=frozenset(known),
         queued=db.queued,
         oldest_queued_at=as_utc(db.oldest_queued_at),
-        dispatchable=tuple(h.id for h in db.heads),
+        dispatchable=tuple(heads),
         job_counts=_job_counts(db.counts, db.part_counts),
         active_jobs=tuple(
             ActiveJob(

@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.fleet.dispatch_order import fair_order
+from app.fleet.dispatch_order import due_order, fair_order
 from app.fleet.planner import (
     Dispatch,
     FleetRules,
@@ -218,6 +218,42 @@ def test_a_single_job_goes_before_a_thousand_job_backlog() -> None:
     assert fair_order(ids, owners, {})[:2] == ["a0000", "b0"]
     # Within one owner: oldest first.
     assert fair_order(ids, owners, {})[2:5] == ["a0001", "a0002", "a0003"]
+
+
+def test_within_an_owner_a_burst_is_taken_in_the_order_its_jobs_would_finish() -> None:
+    # A 30-minute file, then a 1-minute one 10 s later, at 30x: the short one goes first.
+    heads = [("long", ago(20), 1800.0), ("short", ago(10), 60.0), ("unknown", ago(5), None)]
+    assert due_order(heads, 30.0) == ["short", "unknown", "long"]
+    # No speed measured yet: oldest first, as submitted.
+    assert due_order(heads, None) == ["long", "short", "unknown"]
+    # A short file submitted after the long one's processing time has passed never goes first.
+    assert due_order([("long", ago(100), 1800.0), ("late", ago(30), 1.0)], 30.0)[0] == "long"
+
+
+@given(
+    st.lists(
+        st.tuples(st.floats(0, 3600), st.floats(1, 7200)),
+        min_size=1,
+        max_size=40,
+    ),
+    st.floats(1, 100),
+)
+def test_due_order_never_puts_a_job_behind_one_submitted_after_its_own_finish(
+    jobs: list[tuple[float, float]], speed: float
+) -> None:
+    # Bounded waits: whatever arrives later than a job's submission plus its processing time
+    # (at the fleet's measured speed) is taken after it; nothing starves.
+    heads = sorted(
+        ((f"j{i}", NOW + timedelta(seconds=at), audio) for i, (at, audio) in enumerate(jobs)),
+        key=lambda h: h[1],
+    )
+    order = due_order(heads, speed)
+    assert sorted(order) == sorted(h[0] for h in heads)
+    position = {job_id: i for i, job_id in enumerate(order)}
+    for a_id, a_at, a_audio in heads:
+        for b_id, b_at, _ in heads:
+            if b_at > a_at + timedelta(seconds=a_audio / speed):
+                assert position[a_id] < position[b_id]
 
 
 # --- make up's two local profiles (docs/runtime.md "Diarization on a laptop") ----------------
