@@ -183,6 +183,8 @@ def result(worker_id: str, instance_id: str, job_id: str) -> Response:
         done = parts.store_result(
             svc.db, job_id, worker.id, transcript, body.processing_seconds, now=svc.clock()
         )
+        if done.stored:
+            progress_intake.part_finished(svc.db, svc.redis, job_id)
         if done.job_succeeded:
             _announce(parts.job_of(job_id))
         return jsonify({"stored": done.stored})

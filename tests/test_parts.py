@@ -18,7 +18,7 @@ from sqlalchemy.orm import undefer
 from app.config import Settings
 from app.credentials import InstanceCredential
 from app.db import Database
-from app.jobs import parts
+from app.jobs import parts, progress
 from app.models import Job, JobPart, Worker, WorkerState, utcnow
 from gpu_worker.protocol.claim import PARTS
 from tests.conftest import FIXTURES, REDIS_URL, SIGNING_KEY, add_worker, auth, make_settings
@@ -257,3 +257,45 @@ def test_a_dead_holders_parts_are_sent_again(
         part = s.get(JobPart, pid)
         assert part is not None and part.worker_id == other.id and part.attempts == 2
         assert s.get(Job, job["id"]).status == "running"  # type: ignore[union-attr]
+
+
+def test_parts_progress_counts_every_parts_audio_towards_the_job(
+    client: Any, db: Database, clean_redis: redis.Redis
+) -> None:
+    first, second, stranger = ready_worker(db), ready_worker(db), ready_worker(db)
+    job = submit(client)
+    total = job["duration_seconds"]
+    ids = [parts.part_id(job["id"], i) for i in range(3)]
+    a = call(client, first, f"/jobs/{ids[0]}/claim").get_json()["job"]
+    call(client, second, f"/jobs/{ids[1]}/claim")
+
+    def report(worker: Worker, n: int, seq: int, done: float) -> Any:
+        body = {"seq": seq, "done_seconds": done, "total_seconds": 32.0, "segments": []}
+        return call(client, worker, f"/jobs/{ids[n]}/progress", body).get_json()
+
+    def shown() -> float:
+        body = client.get(f"/v1/jobs/{job['id']}", headers=auth()).get_json()
+        return float(body["progress"])
+
+    assert report(first, 0, 1, 10.0) == {"accepted": True}
+    assert shown() == pytest.approx(10.0 / total, abs=1e-3)
+    assert report(second, 1, 1, 5.0) == {"accepted": True}
+    assert shown() == pytest.approx(15.0 / total, abs=1e-3)  # the parts running at once add up
+    assert report(stranger, 0, 2, 30.0) == {"accepted": False}  # not its part
+    assert report(first, 0, 1, 20.0) == {"accepted": True}  # a retried report counts once
+    assert shown() == pytest.approx(15.0 / total, abs=1e-3)
+    span = a["part"]["until_seconds"] - a["part"]["offset_seconds"]
+    body = {"transcript": words_of((0.0, span), span, "w"), "processing_seconds": 1.0}
+    assert call(client, first, f"/jobs/{ids[0]}/result", body).get_json() == {"stored": True}
+    with db.reader() as s:
+        part = s.get(JobPart, ids[0])
+        assert part is not None
+        whole = part.end_seconds - part.start_seconds
+    # A finished part counts whole; a late report of it changes nothing.
+    assert shown() == pytest.approx((whole + 5.0) / total, abs=1e-3)
+    assert report(first, 0, 9, 1.0) == {"accepted": False}
+    events = progress.events_after(clean_redis, job["id"])
+    assert [e.type for e in events].count("attempt") == 1  # the parts are the job's one attempt
+    values = [e.data["progress"] for e in events if e.type == "progress"]
+    assert len(values) == 3 and values == sorted(values)  # each applied report, the end
+    assert not progress.current_segments(events)  # a part's segments are not streamed

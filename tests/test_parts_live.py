@@ -113,9 +113,15 @@ def upload(live: LiveApi, path: Path) -> dict[str, Any]:
     return dict(response.json())
 
 
-def finished(live: LiveApi, job_id: str, timeout: float = 900) -> dict[str, Any]:
+def finished(
+    live: LiveApi, job_id: str, timeout: float = 900, seen: list[float] | None = None
+) -> dict[str, Any]:
+    """The job once it ended; `seen` gets the progress it showed while running."""
+
     def done() -> dict[str, Any] | None:
         job = api_get(live, f"/v1/jobs/{job_id}").json()
+        if seen is not None and job["status"] == "running":
+            seen.append(float(job["progress"]))
         return job if job["status"] in ("succeeded", "failed", "cancelled") else None
 
     return dict(wait_for(done, timeout, f"job {job_id} to finish", step=0.5))
@@ -138,8 +144,11 @@ def test_a_long_file_runs_on_two_workers_at_once_and_reads_like_one(
     workers = list(two_workers(start_worker))
     job = upload(live_api, long_file)
     assert job["status"] == "dispatched"
-    done = finished(live_api, job["id"])
+    seen: list[float] = []
+    done = finished(live_api, job["id"], seen=seen)
     assert done["status"] == "succeeded", done
+    # Progress counts the parts' audio as they run: it rose through values between 0 and 1.
+    assert seen == sorted(seen) and len({p for p in seen if 0 < p < 1}) >= 2, seen
     rows = part_rows(live_api, job["id"])
     assert len(rows) >= 4 and done["parts"] == {"count": len(rows), "done": len(rows), "running": 0}
     assert all(r.attempts == 1 for r in rows)

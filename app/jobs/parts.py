@@ -227,18 +227,26 @@ def claim(
         return PartClaim(part=s.get(JobPart, pid), job=s.get(Job, job.id))
 
 
-def held_by(db: Database, pid: str, worker_id: str) -> bool:
-    """Whether the part is still running on this worker, its job still active."""
+def holding(db: Database, pid: str, worker_id: str) -> tuple[JobPart, Job] | None:
+    """The part and its job while the part is still running on this worker, its job still
+    active; else None."""
     with db.reader() as s:
         part = s.get(JobPart, pid)
         job = s.get(Job, part.job_id) if part is not None else None
-    return (
-        part is not None
-        and job is not None
-        and job.status in ACTIVE_JOB
-        and part.status == _P.RUNNING.value
-        and part.worker_id == worker_id
-    )
+    if (
+        part is None
+        or job is None
+        or job.status not in ACTIVE_JOB
+        or part.status != _P.RUNNING.value
+        or part.worker_id != worker_id
+    ):
+        return None
+    return part, job
+
+
+def held_by(db: Database, pid: str, worker_id: str) -> bool:
+    """Whether the part is still running on this worker, its job still active."""
+    return holding(db, pid, worker_id) is not None
 
 
 def _free(s: Session, worker_id: str, pid: str, *, counted: bool, now: datetime) -> None:

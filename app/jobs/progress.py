@@ -17,6 +17,14 @@ A `status` entry (no payload of its own) marks a change of the job's state in th
 claim, an outcome): it wakes the job's event streams (app/jobs/event_hub.py), which then read the
 job's status from the database once; the database stays the truth.
 
+A job cut into parts (app/jobs/parts.py) has no single attempt: each part reports as its own
+worker runs it (its attempt, its sequence numbers, seconds done of its span), into a hash of
+the parts (`report_part`, one Lua script too), and the job's standing and `progress` events
+are the sum over its parts, as the job's one attempt: seconds done of every part (a finished
+part counts whole) over the file's length, never decreasing. A part's segments are not
+streamed (parts run at once, out of order, and overlap at the seams); the job's stitched
+segments follow at `done`.
+
 This module is the store only: the worker endpoint, the events stream and the job view read and
 write through it.
 """
@@ -79,6 +87,48 @@ redis.call('EXPIRE', KEYS[2], ttl)
 return {0, tostring(progress)}
 """
 
+# KEYS: meta hash, stream, parts hash. ARGV: part id, attempt, seq, done_s, span_s, total_s,
+# maxlen, ttl. A part's field holds "attempt seq done"; a finished part's attempt is FINISHED,
+# so no later report of it counts. Same verdicts as _REPORT.
+_PART_REPORT = """
+local attempt = tonumber(ARGV[2])
+local seq = tonumber(ARGV[3])
+local done_s = math.min(math.max(tonumber(ARGV[4]), 0), tonumber(ARGV[5]))
+local total_s = tonumber(ARGV[6])
+local maxlen = tonumber(ARGV[7])
+local ttl = tonumber(ARGV[8])
+local progress = tonumber(redis.call('HGET', KEYS[1], 'progress') or '0')
+local cur = redis.call('HGET', KEYS[3], ARGV[1])
+if cur then
+  local a, q = string.match(cur, '^(%S+) (%S+)')
+  a = tonumber(a); q = tonumber(q)
+  if attempt < a then return {2, tostring(progress)} end
+  if attempt == a and seq <= q then return {1, tostring(progress)} end
+end
+if not redis.call('HGET', KEYS[1], 'attempt') then
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', maxlen, '*', 'type', 'attempt',
+    'attempt', 1, 'data', '{"attempt":1}')
+end
+redis.call('HSET', KEYS[3], ARGV[1], attempt .. ' ' .. seq .. ' ' .. done_s)
+local sum = 0
+local fields = redis.call('HVALS', KEYS[3])
+for i = 1, #fields do
+  local d = string.match(fields[i], '^%S+ %S+ (%S+)$')
+  sum = sum + tonumber(d)
+end
+if total_s > 0 then progress = math.max(progress, math.min(1, sum / total_s)) end
+local job_seq = redis.call('HINCRBY', KEYS[1], 'seq', 1)
+local data = cjson.encode({attempt = 1, seq = job_seq, progress = progress,
+  done_seconds = sum, total_seconds = total_s})
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', maxlen, '*', 'type', 'progress',
+  'attempt', 1, 'data', data)
+redis.call('HSET', KEYS[1], 'attempt', 1, 'progress', tostring(progress),
+  'done_seconds', tostring(sum), 'total_seconds', tostring(total_s))
+for i = 1, 3 do redis.call('EXPIRE', KEYS[i], ttl) end
+return {0, tostring(progress)}
+"""
+FINISHED = 1_000_000  # a finished part's attempt in the parts hash: later reports are stale
+
 APPLIED, DUPLICATE, STALE = 0, 1, 2
 
 
@@ -110,6 +160,17 @@ def _keys(job_id: str) -> tuple[str, str]:
     return f"{_PREFIX}{job_id}:meta", f"{_PREFIX}{job_id}:events"
 
 
+def _parts_key(job_id: str) -> str:
+    return f"{_PREFIX}{job_id}:parts"
+
+
+def _check_numbers(attempt: int, seq: int, done_seconds: float, total_seconds: float) -> None:
+    if attempt < 1 or seq < 1:
+        raise ReportError("attempt and seq start at 1")
+    if not (0 <= done_seconds <= 1e7 and 0 <= total_seconds <= 1e7):
+        raise ReportError("done_seconds and total_seconds are seconds of audio")
+
+
 def _checked_segments(segments: list[dict[str, Any]]) -> list[str]:
     if len(segments) > MAX_SEGMENTS_PER_REPORT:
         raise ReportError(f"at most {MAX_SEGMENTS_PER_REPORT} segments per report")
@@ -132,15 +193,34 @@ def report(
     segments: list[dict[str, Any]],
 ) -> tuple[int, float]:
     """Apply one worker report; (APPLIED | DUPLICATE | STALE, the job's progress after it)."""
-    if attempt < 1 or seq < 1:
-        raise ReportError("attempt and seq start at 1")
-    if not (0 <= done_seconds <= 1e7 and 0 <= total_seconds <= 1e7):
-        raise ReportError("done_seconds and total_seconds are seconds of audio")
+    _check_numbers(attempt, seq, done_seconds, total_seconds)
     payloads = _checked_segments(segments)
     meta, stream = _keys(job_id)
     args: list[str | int | float] = [attempt, seq, done_seconds, total_seconds, MAX_EVENTS]
     args += [ACTIVE_TTL_S, *payloads]
     answer: Any = client.eval(_REPORT, 2, meta, stream, *args)
+    verdict, progress = answer
+    return int(verdict), float(progress)
+
+
+def report_part(
+    client: redis.Redis,
+    job_id: str,
+    part_id: str,
+    *,
+    attempt: int,
+    seq: int,
+    done_seconds: float,
+    span_seconds: float,
+    total_seconds: float,
+) -> tuple[int, float]:
+    """Apply one part's report (or its end: `attempt=FINISHED`, `done_seconds=span_seconds`)
+    to its job's standing; (APPLIED | DUPLICATE | STALE, the job's progress after it)."""
+    _check_numbers(attempt, seq, done_seconds, total_seconds)
+    meta, stream = _keys(job_id)
+    args: list[str | int | float] = [part_id, attempt, seq, done_seconds, max(span_seconds, 0.0)]
+    args += [total_seconds, MAX_EVENTS, ACTIVE_TTL_S]
+    answer: Any = client.eval(_PART_REPORT, 3, meta, stream, _parts_key(job_id), *args)
     verdict, progress = answer
     return int(verdict), float(progress)
 
@@ -154,6 +234,7 @@ def mark_status(client: redis.Redis, job_id: str, *, ended: bool) -> None:
     pipe.expire(stream, ENDED_TTL_S if ended else ACTIVE_TTL_S)
     if ended:
         pipe.expire(meta, ENDED_TTL_S)
+        pipe.expire(_parts_key(job_id), ENDED_TTL_S)
     pipe.execute()
 
 

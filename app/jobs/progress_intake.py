@@ -2,7 +2,9 @@
 
 The attempt is the job's own count of claims (`Job.attempts`), not the worker's word: a job
 redelivered to another worker is a new attempt there, and the first worker, still holding a
-stale view, no longer holds the job and is answered `{"accepted": false}`.
+stale view, no longer holds the job and is answered `{"accepted": false}`. A part of a long job
+(its id `<job id>.<index>`) is checked the same way against its own row, and its report counts
+towards its job's progress (`progress.report_part`).
 """
 
 from __future__ import annotations
@@ -10,8 +12,8 @@ from __future__ import annotations
 import redis
 
 from app.db import Database
-from app.jobs import progress
-from app.models import Job, JobStatus
+from app.jobs import parts, progress
+from app.models import Job, JobPart, JobStatus
 from gpu_worker.protocol.progress import ProgressBody
 
 
@@ -24,10 +26,52 @@ def held_attempt(db: Database, job_id: str, worker_id: str) -> int | None:
     return max(1, int(job.attempts or 0))
 
 
+def _accept_part(
+    db: Database, client: redis.Redis, pid: str, worker_id: str, body: ProgressBody
+) -> bool:
+    held = parts.holding(db, pid, worker_id)
+    if held is None:
+        return False
+    part, job = held
+    verdict, _ = progress.report_part(
+        client,
+        job.id,
+        pid,
+        attempt=max(1, int(part.attempts or 0)),
+        seq=body.seq,
+        done_seconds=body.done_seconds,
+        span_seconds=part.end_seconds - part.start_seconds,
+        total_seconds=job.duration_seconds or 0.0,
+    )
+    return verdict != progress.STALE
+
+
+def part_finished(db: Database, client: redis.Redis, pid: str) -> None:
+    """A part's result is stored: its whole span counts as done (no later report of it does)."""
+    with db.reader() as s:
+        part = s.get(JobPart, pid)
+        job = s.get(Job, part.job_id) if part is not None else None
+    if part is None or job is None:
+        return
+    span = part.end_seconds - part.start_seconds
+    progress.report_part(
+        client,
+        job.id,
+        pid,
+        attempt=progress.FINISHED,
+        seq=1,
+        done_seconds=span,
+        span_seconds=span,
+        total_seconds=job.duration_seconds or 0.0,
+    )
+
+
 def accept(
     db: Database, client: redis.Redis, job_id: str, worker_id: str, body: ProgressBody
 ) -> bool:
     """Store the report if the worker still holds the job; whether it did (or had already)."""
+    if parts.is_part(job_id):
+        return _accept_part(db, client, job_id, worker_id, body)
     attempt = held_attempt(db, job_id, worker_id)
     if attempt is None:
         return False
