@@ -82,6 +82,18 @@ def _latest(a: datetime | None, b: datetime | None) -> datetime | None:
     return max((t for t in (a, b) if t is not None), default=None)
 
 
+def _due_heads(
+    heads: Sequence[Any], learned: Learned, images: dict[str, str], now: datetime
+) -> list[str]:
+    """The queued heads' ids in due order (app/fleet/dispatch_order.py) at the fastest speed
+    learned for a configured profile."""
+    speeds = [v for k, v in learned.speed.items() if k in images]
+    return due_order(
+        ((h.id, as_utc(h.created_at) or now, h.duration) for h in heads),
+        max(speeds, default=None),
+    )
+
+
 def read_snapshot(
     svc: Services, now: datetime, listening_since: datetime | None = None
 ) -> Snapshot:
@@ -94,11 +106,7 @@ def read_snapshot(
     routes = _routes(svc.settings, [h[:1] + h[4:8] for h in db.heads] + list(db.needs))
     owners = {h.id: h.owner for h in db.heads}
     served = read_served(svc.redis) if owners else {}
-    speeds = [v for k, v in learned.speed.items() if k in images]
-    heads = due_order(
-        ((h.id, as_utc(h.created_at) or now, h.duration) for h in db.heads),
-        max(speeds, default=None),
-    )
+    heads = _due_heads(db.heads, learned, images, now)
     order = fair_order(heads, owners, db.in_service, served)
     by_id = {h.id: h for h in db.heads}
     state = FleetState(
