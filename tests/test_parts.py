@@ -299,3 +299,22 @@ def test_parts_progress_counts_every_parts_audio_towards_the_job(
     values = [e.data["progress"] for e in events if e.type == "progress"]
     assert len(values) == 3 and values == sorted(values)  # each applied report, the end
     assert not progress.current_segments(events)  # a part's segments are not streamed
+
+
+def test_a_redis_error_on_a_parts_progress_never_loses_its_result(
+    client: Any, db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    worker = ready_worker(db)
+    job = submit(client)
+    ids = [parts.part_id(job["id"], i) for i in range(3)]
+
+    def broken(*_: Any, **__: Any) -> Any:
+        raise redis.ConnectionError("redis went away")
+
+    monkeypatch.setattr(progress, "report_part", broken)
+    for pid in ids:  # the live view fails; the results, the stitch and the job do not
+        claimed = call(client, worker, f"/jobs/{pid}/claim").get_json()["job"]
+        span = (claimed["part"]["offset_seconds"], claimed["part"]["until_seconds"])
+        body = {"transcript": words_of(span, span[1], "w"), "processing_seconds": 1.0}
+        assert call(client, worker, f"/jobs/{pid}/result", body).get_json() == {"stored": True}
+    assert client.get(f"/v1/jobs/{job['id']}", headers=auth()).get_json()["status"] == "succeeded"

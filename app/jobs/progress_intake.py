@@ -9,12 +9,16 @@ towards its job's progress (`progress.report_part`).
 
 from __future__ import annotations
 
+import logging
+
 import redis
 
 from app.db import Database
 from app.jobs import parts, progress
 from app.models import Job, JobPart, JobStatus
 from gpu_worker.protocol.progress import ProgressBody
+
+log = logging.getLogger(__name__)
 
 
 def held_attempt(db: Database, job_id: str, worker_id: str) -> int | None:
@@ -47,23 +51,27 @@ def _accept_part(
 
 
 def part_finished(db: Database, client: redis.Redis, pid: str) -> None:
-    """A part's result is stored: its whole span counts as done (no later report of it does)."""
+    """A part's result is stored: its whole span counts as done (no later report of it does).
+    The live view only: a Redis error is logged, never raised into the result's answer."""
     with db.reader() as s:
         part = s.get(JobPart, pid)
         job = s.get(Job, part.job_id) if part is not None else None
     if part is None or job is None:
         return
     span = part.end_seconds - part.start_seconds
-    progress.report_part(
-        client,
-        job.id,
-        pid,
-        attempt=progress.FINISHED,
-        seq=1,
-        done_seconds=span,
-        span_seconds=span,
-        total_seconds=job.duration_seconds or 0.0,
-    )
+    try:
+        progress.report_part(
+            client,
+            job.id,
+            pid,
+            attempt=progress.FINISHED,
+            seq=1,
+            done_seconds=span,
+            span_seconds=span,
+            total_seconds=job.duration_seconds or 0.0,
+        )
+    except redis.RedisError as exc:
+        log.warning("part %s: its progress was not updated: %s", pid, exc)
 
 
 def accept(
