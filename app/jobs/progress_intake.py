@@ -30,6 +30,24 @@ def held_attempt(db: Database, job_id: str, worker_id: str) -> int | None:
     return max(1, int(job.attempts or 0))
 
 
+def _count(
+    client: redis.Redis, part: JobPart, job: Job, *, attempt: int, seq: int, done: float | None
+) -> int:
+    """Count a part's seconds done (None: its whole span) towards its job's progress."""
+    span = part.end_seconds - part.start_seconds
+    verdict, _ = progress.report_part(
+        client,
+        job.id,
+        part.id,
+        attempt=attempt,
+        seq=seq,
+        done_seconds=span if done is None else done,
+        span_seconds=span,
+        total_seconds=job.duration_seconds or 0.0,
+    )
+    return verdict
+
+
 def _accept_part(
     db: Database, client: redis.Redis, pid: str, worker_id: str, body: ProgressBody
 ) -> bool:
@@ -37,16 +55,8 @@ def _accept_part(
     if held is None:
         return False
     part, job = held
-    verdict, _ = progress.report_part(
-        client,
-        job.id,
-        pid,
-        attempt=max(1, int(part.attempts or 0)),
-        seq=body.seq,
-        done_seconds=body.done_seconds,
-        span_seconds=part.end_seconds - part.start_seconds,
-        total_seconds=job.duration_seconds or 0.0,
-    )
+    attempt = max(1, int(part.attempts or 0))
+    verdict = _count(client, part, job, attempt=attempt, seq=body.seq, done=body.done_seconds)
     return verdict != progress.STALE
 
 
@@ -58,18 +68,8 @@ def part_finished(db: Database, client: redis.Redis, pid: str) -> None:
         job = s.get(Job, part.job_id) if part is not None else None
     if part is None or job is None:
         return
-    span = part.end_seconds - part.start_seconds
     try:
-        progress.report_part(
-            client,
-            job.id,
-            pid,
-            attempt=progress.FINISHED,
-            seq=1,
-            done_seconds=span,
-            span_seconds=span,
-            total_seconds=job.duration_seconds or 0.0,
-        )
+        _count(client, part, job, attempt=progress.FINISHED, seq=1, done=None)
     except redis.RedisError as exc:
         log.warning("part %s: its progress was not updated: %s", pid, exc)
 
