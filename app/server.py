@@ -15,6 +15,11 @@ Invariants:
   after that (`_ReadDeadline`). A late head is answered 408 and the connection closed; a late
   body raises `BodyReadTimeout` into the app, which answers 408 (app/errors.py). This is the
   server's own guard; the TLS front (docker/Caddyfile) buffers requests as a second layer.
+- An answer given before the request body was read (a refused upload: a bad token, a bad
+  field) reaches the client whole: the rest of the body is read and dropped before the
+  connection is reused or closed, up to the upload limit and for `UNREAD_BODY_SECONDS`
+  (`_drain_unread_body`). Closing a socket with unread data resets it, and the reset can
+  destroy the answer before the client or the TLS front has read it.
 - gunicorn's error log never holds request text: a refused request is logged as its
   exception class only, a failed one by method and path without the query string, since a
   request or header line can carry an API token or a signature (`_RequestTextFilter`).
@@ -45,6 +50,10 @@ HEAD_SECONDS = 10.0
 # 256 kbit/s: a 25 MB upload may take 13 minutes; a client slower than that on average is
 # refused rather than allowed to hold a thread for longer.
 MIN_BODY_BYTES_PER_SECOND = 32 * 1024
+# How long a refused request's unread body is read and dropped, at most (nginx lingers 5 s
+# per read, 30 s in all); a client still sending after that is closed on.
+UNREAD_BODY_SECONDS = 10.0
+_DEFAULT_BODY_LIMIT = 64 * 1024 * 1024  # when the app names no MAX_CONTENT_LENGTH
 
 _GUNICORN_ERRORS = {
     400: ("bad_request", "the request is not valid HTTP"),
@@ -252,6 +261,18 @@ class JsonErrorThreadWorker(ThreadWorker):  # type: ignore[misc]
             reader.in_head = False
         return super().handle_request(req, conn)
 
+    def _keepalive_after(self, conn: Any, keepalive: bool) -> bool:
+        # gunicorn's own drain stops at 64 KiB, and its closing one (util.close_graceful)
+        # at 64 KiB too: a refused 200 KB upload was answered, then reset under the answer.
+        return _drain_unread_body(conn.parser, self._unread_body_limit()) and bool(
+            super()._keepalive_after(conn, keepalive)
+        )
+
+    def _unread_body_limit(self) -> int:
+        config = getattr(getattr(self, "wsgi", None), "config", None)
+        limit = config.get("MAX_CONTENT_LENGTH") if isinstance(config, dict) else None
+        return int(limit) if limit else _DEFAULT_BODY_LIMIT
+
     def handle_error(self, req: Any, client: Any, addr: Any, exc: BaseException) -> None:
         if isinstance(exc, _HeadReadTimeout):
             self.log.warning("request head not received within %.0f s; closed", HEAD_SECONDS)
@@ -273,6 +294,46 @@ class JsonErrorThreadWorker(ThreadWorker):  # type: ignore[misc]
             util.write_nonblock(client, json_error_bytes(*status))
         except Exception:
             log.debug("failed to send an error answer")
+
+
+def _drain_unread_body(parser: Any, limit: int) -> bool:
+    """Read and drop what the app left of the request's body; False when some is left.
+
+    Nothing is read of a body declared longer than `limit` (its refusal closes the
+    connection), nor past `limit` bytes or `UNREAD_BODY_SECONDS`. The request's own read
+    deadline (`_ReadDeadline`) still applies to every read.
+    """
+    request: Any = getattr(parser, "mesg", None)
+    body = getattr(request, "body", None)
+    if request is None or body is None:
+        return True
+    if getattr(body, "failed", False) is True:  # where the next request starts is unknown
+        return False
+    declared = next((v for k, v in request.headers if k == "CONTENT-LENGTH"), None)
+    if declared is not None and (not declared.isdigit() or int(declared) > limit):
+        return False
+    deadline = time.monotonic() + UNREAD_BODY_SECONDS
+    sock = getattr(getattr(parser, "unreader", None), "sock", None)
+    if sock is None:  # not a socket this worker reads itself: gunicorn's own bounded drain
+        return bool(parser.finish_body(deadline=deadline))
+    prior = sock.gettimeout()
+    drained = 0
+    try:
+        while drained <= limit:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            sock.settimeout(remaining if prior is None else min(prior, remaining))
+            data = body.read(64 * 1024)
+            if not data:
+                return True
+            drained += len(data)
+        return False
+    except Exception:  # noqa: BLE001 - a timeout, a reset, a malformed chunk: close instead
+        return False
+    finally:
+        with contextlib.suppress(OSError):
+            sock.settimeout(prior)
 
 
 def client_socket(environ: dict[str, Any]) -> socket.socket | None:

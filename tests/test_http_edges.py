@@ -292,3 +292,44 @@ def test_chunked_json_body_is_refused_without_reading_it_whole(server: Gunicorn)
     assert b'"payload_too_large"' in answer
     grown_mib = (_peak_rss_kib(pid) - before) / 1024
     assert grown_mib < 15, f"peak RSS grew {grown_mib:.0f} MiB for a refused JSON body"
+
+
+@pytest.mark.parametrize("token", [None, "not-a-token"])
+def test_an_upload_refused_before_its_body_is_read_gets_its_answer_whole(
+    server: Gunicorn, token: str | None
+) -> None:
+    """An 8 MB upload refused on its token is answered 401 JSON, then closed cleanly: the body
+    is read and dropped first. Closing on unread data resets the connection, and a client that
+    reads its answer after the reset (as the TLS front did) lost it."""
+    body = b"\0" * 8_000_000
+    head = (
+        "POST /v1/jobs HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        + (f"Authorization: Bearer {token}\r\n" if token else "")
+        + "Content-Type: multipart/form-data; boundary=x\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 256 * 1024)
+        sock.sendall(head + body)  # a reset here, or below, is the failure
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    status_line, _, rest = answer.partition(b"\r\n")
+    assert status_line.startswith(b"HTTP/1.1 401 "), answer[:200]
+    error = json.loads(rest.partition(b"\r\n\r\n")[2])["error"]
+    assert error["code"] == "unauthorized"
+
+
+def test_a_body_declared_over_the_limit_is_refused_without_being_read(server: Gunicorn) -> None:
+    """No drain for a body the limit refuses: the connection closes after the 413 instead of
+    reading the 100 MB the head announced."""
+    head = (
+        "POST /v1/jobs HTTP/1.1\r\nHost: x\r\n"
+        f"Authorization: Bearer {API_TOKEN}\r\nContent-Type: multipart/form-data; boundary=x\r\n"
+        f"Content-Length: {100 * 1024 * 1024}\r\n\r\n"
+    ).encode()
+    started = time.monotonic()
+    answer = _raw(server, head + b"\0" * 4096)
+    assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]
+    assert time.monotonic() - started < 5
