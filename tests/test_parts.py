@@ -8,6 +8,8 @@ from __future__ import annotations
 import base64
 import io
 import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +17,15 @@ import pytest
 import redis
 from sqlalchemy.orm import undefer
 
+from app.celery_config import make_celery
 from app.config import Settings
 from app.credentials import InstanceCredential
 from app.db import Database
-from app.jobs import parts, progress
+from app.jobs import fetch, parts, progress, service
+from app.jobs.io_slots import IoSlots
+from app.jobs.service import JobRequest
 from app.models import Job, JobPart, Worker, WorkerState, utcnow
+from app.services import build_services
 from gpu_worker.protocol.claim import PARTS
 from tests.conftest import FIXTURES, REDIS_URL, SIGNING_KEY, add_worker, auth, make_settings
 
@@ -29,7 +35,10 @@ QUEUE = "transcribe.local-cpu"
 
 @pytest.fixture()
 def settings(database_url: str, clean_redis: redis.Redis, tmp_path: Path) -> Settings:
-    return make_settings(database_url, REDIS_URL, tmp_path, MURMUR_PART_SECONDS="30")
+    # Private URLs: the URL job's audio is served on loopback.
+    return make_settings(
+        database_url, REDIS_URL, tmp_path, MURMUR_PART_SECONDS="30", MURMUR_ALLOW_PRIVATE_URLS="1"
+    )
 
 
 def ready_worker(db: Database, *, features: list[str] | None = None) -> Worker:
@@ -105,6 +114,50 @@ def test_a_long_upload_is_cut_into_parts_each_its_own_message(
         content_type="multipart/form-data",
     ).get_json()
     assert "parts" not in client.get(f"/v1/jobs/{short['id']}", headers=auth()).get_json()
+
+
+@pytest.mark.parametrize("diarize", [False, True])
+def test_a_long_url_job_is_cut_once_its_audio_is_fetched(
+    settings: Settings, db: Database, clean_redis: redis.Redis, diarize: bool
+) -> None:
+    """A URL job is cut like an upload, when its fetch has the file; a diarized one is not."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Speech)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}).start()
+    svc = build_services(settings, make_celery(settings), db=db)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/long.wav"
+        req = JobRequest(owner="owner", source="url", source_url=url, diarize=diarize)
+        job, _ = service.insert_job(db, req, now=utcnow())
+        ready_worker(db)
+        fetch.fetch_audio(svc, IoSlots(clean_redis, settings.io), job.id)
+        fetch.fetch_audio(svc, IoSlots(clean_redis, settings.io), job.id)  # a redelivery
+    finally:
+        svc.celery.close()
+        server.shutdown()
+        server.server_close()
+    with db.reader() as s:
+        stored = s.get(Job, job.id)
+        assert stored is not None and stored.audio_key is not None
+        cut = s.query(JobPart).filter(JobPart.job_id == job.id).order_by(JobPart.index).all()
+    if diarize:  # stored whole (this test's profile does not diarize: it waits, uncut)
+        assert cut == []
+        return
+    assert stored.status == "dispatched"
+    assert [p.index for p in cut] == [0, 1, 2]
+    assert cut[0].start_seconds == 0.0 and cut[-1].end_seconds == stored.duration_seconds
+    assert queued_ids(clean_redis) == [parts.part_id(job.id, i) for i in range(3)]
+
+
+class _Speech(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802
+        self.send_response(200)
+        self.send_header("Content-Type", "audio/wav")
+        self.send_header("Content-Length", str(len(SPEECH)))
+        self.end_headers()
+        self.wfile.write(SPEECH)
+
+    def log_message(self, *args: Any) -> None:
+        pass
 
 
 def test_parts_run_on_several_workers_and_are_stitched_once_when_the_last_is_in(

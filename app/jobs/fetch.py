@@ -1,4 +1,4 @@
-"""Fetching a URL job's audio: SSRF-checked, size- and time-capped, probed, then dispatched.
+"""Fetching a URL job's audio: SSRF-checked, size- and time-capped, probed, cut, then dispatched.
 
 A URL job is queued without audio; this is its only path forward, so every way it can go wrong
 ends the job with a reason (`url_fetch_failed`, `url_too_large`, `url_not_audio`, ...), and a
@@ -32,9 +32,10 @@ from app.db import rows_changed
 from app.deadline import exchange_deadline
 from app.errors import Refused
 from app.fleet.served import note_served
-from app.jobs import service
+from app.jobs import parts, service
 from app.jobs.fetch_spool import FetchSpool
 from app.jobs.io_slots import FETCH_DEADLINE_SECONDS, IoSlots, SlotsBusy
+from app.jobs.loudness import spans_of
 from app.models import Job, JobStatus
 from app.services import Services
 from app.urls import check_url, pinned_session
@@ -85,6 +86,8 @@ def fetch_audio(svc: Services, slots: IoSlots, job_id: str) -> None:
         if kept is not None and not spool.staged_copy(kept, staged):
             # The kept copy went meanwhile (another fetch of the job stored it): the retry sees.
             raise SlotsBusy("audio store")
+        # Cut like an upload (a long one into parts), while the file is still on local disk.
+        spans = spans_of(staged, duration, settings.jobs.part_seconds, diarize=job.diarize)
         store.commit(staged, key)
     except Refused as err:
         staged.unlink(missing_ok=True)
@@ -103,6 +106,8 @@ def fetch_audio(svc: Services, slots: IoSlots, job_id: str) -> None:
             .where(Job.id == job_id, Job.status == JobStatus.QUEUED.value, Job.audio_key.is_(None))
             .values(audio_key=key, size_bytes=size, duration_seconds=duration),
         )
+        if moved and len(spans) > 1:
+            s.add_all(parts.new_parts(job_id, spans, JobStatus.QUEUED, svc.clock()))
     if not moved:
         store.delete(key)
         return

@@ -19,6 +19,7 @@ Invariants:
 
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 from typing import Any
@@ -26,8 +27,10 @@ from typing import Any
 import av
 import numpy as np
 
-from app.jobs.cuts import FRAME_SECONDS, Loudness
+from app.jobs.cuts import FRAME_SECONDS, Loudness, Span, part_count, plan_spans
 from gpu_worker.decoding import MAX_SAMPLE_RATE, OPEN_LIMITS, UndecodableAudio, decoded_frames
+
+log = logging.getLogger(__name__)
 
 RATE = 16000
 FLOOR_DB = -120.0
@@ -63,6 +66,22 @@ class _Levels:
 
 def _db(power: float) -> float:
     return max(FLOOR_DB, 10.0 * math.log10(power)) if power > 0 else FLOOR_DB
+
+
+def spans_of(
+    path: Path, duration: float, part_seconds: float, *, diarize: bool
+) -> tuple[Span, ...]:
+    """Where a stored file (an upload, a URL job's download) is cut into parts; () when it is
+    not. A diarized job is never cut: its speakers are labelled over the whole file. The
+    probe has accepted the file, so a loudness pass that fails leaves the job whole."""
+    if diarize or part_count(duration, part_seconds) == 1:
+        return ()
+    try:
+        loudness = measure_loudness(path, duration + 1.0)
+    except Exception as exc:
+        log.warning("could not measure loudness; the job is not cut: %s", type(exc).__name__)
+        return ()
+    return plan_spans(duration, loudness, part_seconds)
 
 
 def measure_loudness(path: Path, max_seconds: float) -> Loudness:

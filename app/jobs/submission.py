@@ -1,8 +1,9 @@
 """Submitting a job: what happens between a parsed request and the client's 202.
 
 An upload is stored, then its row is inserted pointing at it, then it is sent to a queue; a
-URL job's row is inserted, then its fetch is queued. A long upload (app/jobs/cuts.py) is cut
-while it is staged: its parts are inserted with its row and sent as one message each.
+URL job's row is inserted, then its fetch is queued (which cuts a long download the same way,
+app/jobs/fetch.py). A long upload (app/jobs/cuts.py) is cut while it is staged: its parts are
+inserted with its row and sent as one message each.
 Invariants: a job row exists before any message names it; audio no row refers to is deleted
 (a refused, failed or replayed insert); a job a broker refused to queue is either kept queued
 for the reconcile (an upload: its audio is stored) or removed before the client hears of it
@@ -24,9 +25,9 @@ from app.celery_config import FETCH_AUDIO
 from app.errors import Refused
 from app.fleet.served import note_served
 from app.jobs import idempotency, service
-from app.jobs.cuts import Span, part_count, plan_spans
+from app.jobs.cuts import Span
 from app.jobs.dispatch import send_dispatched
-from app.jobs.loudness import measure_loudness
+from app.jobs.loudness import spans_of
 from app.models import Job, JobStatus
 from app.services import Services
 from app.storage import full_is_refused
@@ -59,7 +60,7 @@ class Submitter:
             existing = service.find_idempotent(self.svc.db, req.owner, key)
             if existing is not None:
                 return idempotency.replay(existing, req.request_hash), False
-        staged, size, duration, spans = self._stage(upload, cut=not req.diarize)
+        staged, size, duration, spans = self._stage(upload, diarize=req.diarize)
         audio_key = staged.name + ".audio"
         try:
             self.svc.storage.commit(staged, audio_key)
@@ -116,9 +117,9 @@ class Submitter:
         except Refused as err:
             log.warning("could not delete unreferenced audio: %s", err.code)
 
-    def _stage(self, upload: Upload, *, cut: bool) -> tuple[Path, int, float, tuple[Span, ...]]:
-        """Stream the upload to a staging file, enforce the size cap, probe it; with `cut`,
-        the spans a long one is cut into (one span: not cut)."""
+    def _stage(self, upload: Upload, *, diarize: bool) -> tuple[Path, int, float, tuple[Span, ...]]:
+        """Stream the upload to a staging file, enforce the size cap, probe it, and find the
+        spans a long one is cut into (`spans_of`; () when it is not cut)."""
         limit = self.svc.settings.api.max_upload_bytes
         staged = self.svc.storage.staging_path()
         try:
@@ -133,21 +134,9 @@ class Submitter:
                 )
             with self.probe_slot():
                 info = probe_audio(staged, self.svc.settings.api.max_audio_seconds)
-                spans = self._spans(staged, info.duration_seconds) if cut else ()
+                part_seconds = self.svc.settings.jobs.part_seconds
+                spans = spans_of(staged, info.duration_seconds, part_seconds, diarize=diarize)
         except BaseException:
             staged.unlink(missing_ok=True)
             raise
         return staged, size, info.duration_seconds, spans
-
-    def _spans(self, staged: Path, duration: float) -> tuple[Span, ...]:
-        """Where a long upload is cut into parts (app/jobs/cuts.py); () when it is not."""
-        part_seconds = self.svc.settings.jobs.part_seconds
-        if part_count(duration, part_seconds) == 1:
-            return ()
-        # The probe accepted the file: a loudness pass that fails is a job left whole.
-        try:
-            loudness = measure_loudness(staged, duration + 1.0)
-        except Exception as exc:
-            log.warning("could not measure loudness; the job is not cut: %s", type(exc).__name__)
-            return ()
-        return plan_spans(duration, loudness, part_seconds)
