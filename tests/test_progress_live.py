@@ -16,7 +16,14 @@ from tests.conftest import REDIS_URL, LiveApi, api_get
 from tests.test_cancel_running import live_api_env, long_speech, upload  # noqa: F401
 from tests.test_pipeline import transcript, wait_job
 
-pytestmark = [pytest.mark.slow, pytest.mark.serial]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.serial,
+    # One database for the live run (SQLite, `make demo`'s; the streaming tests run on
+    # PostgreSQL): the job's rows behave alike on both, as the parallel tier checks, and a
+    # second live run costs the serial tier 80 s.
+    pytest.mark.parametrize("database_url", ["sqlite"], indirect=True),
+]
 
 
 def test_a_running_job_reports_progress_and_its_segments(
