@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import requests
 
@@ -72,3 +75,30 @@ def gunicorn_api(
         yield Gunicorn(url, env, proc)
     finally:
         proc.stop()
+
+
+@contextmanager
+def serving_audio(data: bytes, name: str = "talk.wav") -> Iterator[str]:
+    """A loopback server answering every GET with `data` as audio/wav: a URL job's source
+    (the job's settings must allow private URLs). Yields the URL."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            self.send_response(200)
+            self.send_header("Content-Type", "audio/wav")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    ).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/{name}"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -7,9 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +15,7 @@ import pytest
 
 from app.models import Job
 from tests.conftest import API_TOKEN, FIXTURES, OTHER_TOKEN, ROOT, LiveApi, free_port
+from tests.serving import serving_audio
 
 
 def murmur(
@@ -36,26 +35,8 @@ def murmur(
 def audio_url() -> Iterator[str]:
     """A loopback server (URL jobs may name private addresses under live_api) serving
     speech-short.wav."""
-    data = (FIXTURES / "speech-short.wav").read_bytes()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
-            self.send_response(200)
-            self.send_header("Content-Type", "audio/wav")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(
-        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-    ).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/talk.wav"
-    server.shutdown()
-    server.server_close()
+    with serving_audio((FIXTURES / "speech-short.wav").read_bytes()) as url:
+        yield url
 
 
 def client_env(live_api: LiveApi) -> dict[str, str]:

@@ -8,8 +8,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +26,7 @@ from app.models import Job, JobPart, Worker, WorkerState, utcnow
 from app.services import build_services
 from gpu_worker.protocol.claim import PARTS
 from tests.conftest import FIXTURES, REDIS_URL, SIGNING_KEY, add_worker, auth, make_settings
+from tests.serving import serving_audio
 
 SPEECH = (FIXTURES / "speech-90s.wav").read_bytes()
 QUEUE = "transcribe.local-cpu"
@@ -121,20 +120,16 @@ def test_a_long_url_job_is_cut_once_its_audio_is_fetched(
     settings: Settings, db: Database, clean_redis: redis.Redis, diarize: bool
 ) -> None:
     """A URL job is cut like an upload, when its fetch has the file; a diarized one is not."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Speech)
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}).start()
     svc = build_services(settings, make_celery(settings), db=db)
     try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/long.wav"
-        req = JobRequest(owner="owner", source="url", source_url=url, diarize=diarize)
-        job, _ = service.insert_job(db, req, now=utcnow())
-        ready_worker(db)
-        fetch.fetch_audio(svc, IoSlots(clean_redis, settings.io), job.id)
-        fetch.fetch_audio(svc, IoSlots(clean_redis, settings.io), job.id)  # a redelivery
+        with serving_audio(SPEECH, "long.wav") as url:
+            req = JobRequest(owner="owner", source="url", source_url=url, diarize=diarize)
+            job, _ = service.insert_job(db, req, now=utcnow())
+            ready_worker(db)
+            fetch.fetch_audio(svc, IoSlots(clean_redis, settings.io), job.id)
+            fetch.fetch_audio(svc, IoSlots(clean_redis, settings.io), job.id)  # a redelivery
     finally:
         svc.celery.close()
-        server.shutdown()
-        server.server_close()
     with db.reader() as s:
         stored = s.get(Job, job.id)
         assert stored is not None and stored.audio_key is not None
@@ -146,18 +141,6 @@ def test_a_long_url_job_is_cut_once_its_audio_is_fetched(
     assert [p.index for p in cut] == [0, 1, 2]
     assert cut[0].start_seconds == 0.0 and cut[-1].end_seconds == stored.duration_seconds
     assert queued_ids(clean_redis) == [parts.part_id(job.id, i) for i in range(3)]
-
-
-class _Speech(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802
-        self.send_response(200)
-        self.send_header("Content-Type", "audio/wav")
-        self.send_header("Content-Length", str(len(SPEECH)))
-        self.end_headers()
-        self.wfile.write(SPEECH)
-
-    def log_message(self, *args: Any) -> None:
-        pass
 
 
 def test_parts_run_on_several_workers_and_are_stitched_once_when_the_last_is_in(
