@@ -22,6 +22,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.db import Base, UtcDateTime, as_utc
+from gpu_worker.protocol.claim import TRANSCRIBE_PART
 
 
 def utcnow() -> datetime:
@@ -176,6 +177,11 @@ class JobPart(Base):
     # The part's span of the whole file, in seconds: [start, end).
     start_seconds: Mapped[float] = mapped_column(Float)
     end_seconds: Mapped[float] = mapped_column(Float)
+    # `transcribe` (its span), or `speakers`: a diarized job's diarization of the whole file
+    # (gpu_worker/protocol/claim.py, `SPEAKERS_PART`).
+    kind: Mapped[str] = mapped_column(
+        String(16), default=TRANSCRIBE_PART, server_default=TRANSCRIBE_PART
+    )
     status: Mapped[str] = mapped_column(String(16), default=PartStatus.QUEUED.value)
     attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     worker_id: Mapped[str | None] = mapped_column(String(40))

@@ -309,7 +309,7 @@ class Simulation:
             )
             s.add(job)
             if len(spans) > 1:
-                s.add_all(parts.new_parts(job.id, spans, JobStatus.QUEUED, now))
+                s.add_all(parts.new_parts(job.id, spans, JobStatus.QUEUED, now, diarize=False))
             s.flush()
             self.audio[job.id] = audio_seconds
             self.submitted_at[job.id] = now

@@ -114,8 +114,24 @@ class Diarizer:
         max_speakers: int | None = None,
         checkpoint: Callable[[], None] | None = None,
     ) -> list[SpeakerTurn]:
+        turns, _ = self.diarize_with_embeddings(
+            samples, min_speakers=min_speakers, max_speakers=max_speakers, checkpoint=checkpoint
+        )
+        return turns
+
+    def diarize_with_embeddings(
+        self,
+        samples: npt.NDArray[np.float32],
+        *,
+        min_speakers: int | None = None,
+        max_speakers: int | None = None,
+        checkpoint: Callable[[], None] | None = None,
+    ) -> tuple[list[SpeakerTurn], dict[str, npt.NDArray[np.float32]]]:
+        """The turns, and each speaker's centroid embedding by label (pyannote's
+        `speaker_embeddings`): what clustering the speakers of separately diarized spans
+        again needs (bench/diarize_parts.py measures that way against the whole file's)."""
         if samples.size == 0:
-            return []
+            return [], {}
         waveform = self._torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32))[None]
         hook = None
         if checkpoint is not None:
@@ -135,7 +151,17 @@ class Diarizer:
             SpeakerTurn(start=float(segment.start), end=float(segment.end), speaker=str(label))
             for segment, _, label in annotation.itertracks(yield_label=True)
         ]
-        return sorted(turns, key=lambda turn: (turn.start, turn.end))
+        centroids = getattr(output, "speaker_embeddings", None)
+        labels = getattr(output, "speaker_diarization", annotation).labels()
+        embeddings = (
+            {}
+            if centroids is None
+            else {
+                str(label): np.asarray(row, np.float32)
+                for label, row in zip(labels, centroids, strict=False)
+            }
+        )
+        return sorted(turns, key=lambda turn: (turn.start, turn.end)), embeddings
 
     def release_memory(self) -> None:
         if self._device.type == "cuda":

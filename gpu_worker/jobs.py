@@ -28,10 +28,10 @@ from gpu_worker import parts, progress
 from gpu_worker.audio import AudioTooLong, decode_bounded
 from gpu_worker.client import AudioDownloadError, AudioTooLarge, ControlPlaneError
 from gpu_worker.holding import CHECK_INTERVAL_SECONDS, CancelWatch, JobCancelled
-from gpu_worker.protocol.claim import DEFAULT_MAX_AUDIO_SECONDS, ClaimedJob
+from gpu_worker.protocol.claim import DEFAULT_MAX_AUDIO_SECONDS, SPEAKERS_PART, ClaimedJob
 from gpu_worker.protocol.failure import CANCELLED, FailureCode
 from gpu_worker.protocol.transcript import Transcript
-from gpu_worker.speakers import assign_speakers
+from gpu_worker.speakers import SpeakerTurn, assign_speakers
 from gpu_worker.state import JobEnd, WorkerState
 from gpu_worker.transcriber import SAMPLE_RATE, Checkpoint, Transcriber, UnsupportedLanguage
 
@@ -117,15 +117,18 @@ def process_job(job_id: str, context: JobContext) -> Outcome:
                 samples = parts.span_samples(samples, claim.part)
             audio_seconds = samples.shape[0] / SAMPLE_RATE
             watch()  # a long download or decode may have outlived the job
-            reporter = progress.with_progress(
-                watch, context.client, job_id, audio_seconds, words=bool(claim.word_timestamps)
-            )
-            transcript = _transcribe(context.transcriber, samples, claim, reporter)
-            if claim.part is not None:  # times of the whole file
-                transcript = parts.shifted(transcript, claim.part.offset_seconds)
-            progress.flush(reporter)
-            if claim.diarize:
-                transcript = _diarize(context.diarizer, samples, transcript, claim, watch)
+            if claim.part is not None and claim.part.kind == SPEAKERS_PART:
+                transcript = _speakers(context.diarizer, samples, claim, watch)
+            else:
+                reporter = progress.with_progress(
+                    watch, context.client, job_id, audio_seconds, words=bool(claim.word_timestamps)
+                )
+                transcript = _transcribe(context.transcriber, samples, claim, reporter)
+                if claim.part is not None:  # times of the whole file
+                    transcript = parts.shifted(transcript, claim.part.offset_seconds)
+                progress.flush(reporter)
+                if claim.diarize:
+                    transcript = _diarize(context.diarizer, samples, transcript, claim, watch)
         except JobCancelled as stop:
             log.info("job %s: %s; stopped without a result", job_id, stop)
             # The control plane stores nothing for a job it let go of; the call tells it this
@@ -247,6 +250,33 @@ def _diarize(
     checkpoint: Checkpoint,
 ) -> Transcript:
     """The diarization stage after transcription: speakers on words, segments split at changes."""
+    return assign_speakers(transcript, _turns(diarizer, samples, claim, checkpoint), words=True)
+
+
+def _speakers(
+    diarizer: Diarizer | None,
+    samples: npt.NDArray[np.float32],
+    claim: ClaimedJob,
+    checkpoint: Checkpoint,
+) -> Transcript:
+    """A diarized job's speakers part: who speaks when over its span (the whole file), no
+    text; the control plane assigns the joined words to these turns (app/jobs/stitch.py)."""
+    offset = claim.part.offset_seconds if claim.part is not None else 0.0
+    return Transcript(
+        text="",
+        duration=samples.shape[0] / SAMPLE_RATE,
+        segments=[],
+        turns=parts.labelled_turns(_turns(diarizer, samples, claim, checkpoint), offset),
+    )
+
+
+def _turns(
+    diarizer: Diarizer | None,
+    samples: npt.NDArray[np.float32],
+    claim: ClaimedJob,
+    checkpoint: Checkpoint,
+) -> list[SpeakerTurn]:
+    """The diarization stage: the speakers' turns in the samples, in time order."""
     if diarizer is None:
         # Routing sends diarize jobs only to profiles that diarize; a job that still lands
         # here fails with a reason instead of coming back without speakers.
@@ -266,4 +296,4 @@ def _diarize(
         raise JobFailure(
             "diarization_failed", f"diarization failed: {type(exc).__name__}: {exc}"
         ) from None
-    return assign_speakers(transcript, turns, words=True)
+    return turns

@@ -6,6 +6,8 @@ Invariants (gpu_worker/protocol/claim.py, `ClaimedPart`):
 - Every time in the part's transcript (segments, words, a segment's `seek`) is shifted by
   the offset, so the control plane receives times of the whole file; `duration` stays the
   span's length.
+- A speakers part's turns (`labelled_turns`) are shifted the same way and labelled
+  `SPEAKER_00`, ... by first appearance, as the protocol's labels read.
 - Nothing else changes: the control plane trims the overlap past the part's end and joins the
   parts (app/jobs/stitch.py).
 """
@@ -16,7 +18,8 @@ import numpy as np
 import numpy.typing as npt
 
 from gpu_worker.protocol.claim import ClaimedPart
-from gpu_worker.protocol.transcript import Segment, Transcript, Word
+from gpu_worker.protocol.transcript import Segment, Transcript, Turn, Word
+from gpu_worker.speakers import SpeakerTurn, speaker_label
 
 SAMPLE_RATE = 16000
 
@@ -47,3 +50,14 @@ def shifted(transcript: Transcript, offset: float) -> Transcript:
         return transcript
     segments = [_segment(s, offset) for s in transcript.segments]
     return transcript.model_copy(update={"segments": segments})
+
+
+def labelled_turns(turns: list[SpeakerTurn], offset: float) -> list[Turn]:
+    """The diarizer's turns as a speakers part reports them: times of the whole file, labels
+    numbered by first appearance (the diarizer's own are its clustering's)."""
+    labels: dict[str, str] = {}
+    said = []
+    for turn in sorted(turns, key=lambda t: (t.start, t.end)):
+        label = labels.setdefault(turn.speaker, speaker_label(len(labels)))
+        said.append(Turn(start=turn.start + offset, end=turn.end + offset, speaker=label))
+    return said

@@ -22,7 +22,7 @@ from gpu_worker.manifest import (
     load_manifest,
     verify_asset,
 )
-from gpu_worker.protocol.claim import PARTS
+from gpu_worker.protocol.claim import PARTS, SPEAKER_PARTS
 from gpu_worker.protocol.readiness import AssetReport, ReadinessRuntime
 from gpu_worker.runtime import RuntimeProfile, RuntimeProfileError, load_runtime_profile
 from gpu_worker.transcriber import (
@@ -86,7 +86,7 @@ class Preflight:
             **_declared(self.profile, self.hardware),
             backend=self.backend,
             cpu_threads=self.profile.cpu_threads,
-            features=[PARTS],
+            features=[PARTS, SPEAKER_PARTS],
             assets={
                 asset.name: AssetReport(root=str(asset.root), bytes=asset.bytes_verified)
                 for asset in (self.model, self.vad, self.alignment, self.diarization)

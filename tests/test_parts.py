@@ -119,7 +119,8 @@ def test_a_long_upload_is_cut_into_parts_each_its_own_message(
 def test_a_long_url_job_is_cut_once_its_audio_is_fetched(
     settings: Settings, db: Database, clean_redis: redis.Redis, diarize: bool
 ) -> None:
-    """A URL job is cut like an upload, when its fetch has the file; a diarized one is not."""
+    """A URL job is cut like an upload, when its fetch has the file; a diarized one has its
+    speakers part besides (tests/test_parts_speakers.py)."""
     svc = build_services(settings, make_celery(settings), db=db)
     try:
         with serving_audio(SPEECH, "long.wav") as url:
@@ -134,8 +135,9 @@ def test_a_long_url_job_is_cut_once_its_audio_is_fetched(
         stored = s.get(Job, job.id)
         assert stored is not None and stored.audio_key is not None
         cut = s.query(JobPart).filter(JobPart.job_id == job.id).order_by(JobPart.index).all()
-    if diarize:  # stored whole (this test's profile does not diarize: it waits, uncut)
-        assert cut == []
+    if diarize:  # this test's profile does not diarize: it waits, cut, for one that does
+        assert [(p.index, p.kind) for p in cut][-2:] == [(2, "transcribe"), (3, "speakers")]
+        assert stored.status == "queued" and queued_ids(clean_redis) == []
         return
     assert stored.status == "dispatched"
     assert [p.index for p in cut] == [0, 1, 2]

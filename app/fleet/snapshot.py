@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Row, func, select
+from sqlalchemy import ColumnElement, Row, case, func, select
 from sqlalchemy.orm import Session
 
 from app.config import Settings
@@ -39,6 +39,7 @@ from app.fleet.rules import fleet_rules
 from app.fleet.served import read_served
 from app.fleet.service import queue_depths
 from app.jobs import routing
+from app.jobs.parts import SPEAKERS_WORK_SHARE
 from app.models import (
     SEEN_STARTING_AT,
     Job,
@@ -52,6 +53,7 @@ from app.models import (
 from app.observability.store import last_reports
 from app.services import Services
 from gpu_worker.protocol.capabilities import Need
+from gpu_worker.protocol.claim import SPEAKERS_PART
 
 log = logging.getLogger("murmur.fleet")
 
@@ -307,6 +309,13 @@ def _active_jobs(s: Session) -> Sequence[Any]:
     ).all()
 
 
+def _part_work() -> Any:
+    """A part's work for the planner, in seconds of audio to transcribe: its span, or for a
+    speakers part (diarization of the whole file) its share of the whole file's work."""
+    span = JobPart.end_seconds - JobPart.start_seconds
+    return case((JobPart.kind == SPEAKERS_PART, span * SPEAKERS_WORK_SHARE), else_=span)
+
+
 def _read_rows(svc: Services) -> _Rows:
     with svc.db.session() as s:
         learned = {r.name: r for r in s.scalars(select(ProfileState))}
@@ -321,7 +330,7 @@ def _read_rows(svc: Services) -> _Rows:
                 JobPart.id,
                 Job.profile,
                 JobPart.worker_id,
-                JobPart.end_seconds - JobPart.start_seconds,
+                _part_work(),
                 JobPart.started_at,
             )
             .select_from(JobPart)
@@ -333,7 +342,7 @@ def _read_rows(svc: Services) -> _Rows:
             select(
                 Job.profile,
                 func.count(),
-                func.sum(JobPart.end_seconds - JobPart.start_seconds),
+                func.sum(_part_work()),
                 func.min(Job.created_at),
             )
             .select_from(JobPart)

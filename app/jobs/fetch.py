@@ -87,7 +87,7 @@ def fetch_audio(svc: Services, slots: IoSlots, job_id: str) -> None:
             # The kept copy went meanwhile (another fetch of the job stored it): the retry sees.
             raise SlotsBusy("audio store")
         # Cut like an upload (a long one into parts), while the file is still on local disk.
-        spans = spans_of(staged, duration, settings.jobs.part_seconds, diarize=job.diarize)
+        spans = spans_of(staged, duration, settings.jobs.part_seconds)
         store.commit(staged, key)
     except Refused as err:
         staged.unlink(missing_ok=True)
@@ -107,7 +107,9 @@ def fetch_audio(svc: Services, slots: IoSlots, job_id: str) -> None:
             .values(audio_key=key, size_bytes=size, duration_seconds=duration),
         )
         if moved and len(spans) > 1:
-            s.add_all(parts.new_parts(job_id, spans, JobStatus.QUEUED, svc.clock()))
+            s.add_all(
+                parts.new_parts(job_id, spans, JobStatus.QUEUED, svc.clock(), diarize=job.diarize)
+            )
     if not moved:
         store.delete(key)
         return

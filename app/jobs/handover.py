@@ -29,7 +29,7 @@ from app.jobs.service import get_job
 from app.models import Job, JobPart, JobStatus, PartStatus
 from app.storage import AudioStore
 from gpu_worker.protocol import routes
-from gpu_worker.protocol.claim import ClaimedJob, ClaimedPart
+from gpu_worker.protocol.claim import SPEAKERS_PART, TRANSCRIBE_PART, ClaimedJob, ClaimedPart
 
 
 def handed_over(settings: Settings, store: AudioStore, job: Job, now: datetime) -> ClaimedJob:
@@ -43,18 +43,26 @@ def handed_over_part(
     settings: Settings, store: AudioStore, job: Job, part: JobPart, count: int, now: datetime
 ) -> ClaimedJob:
     """A claimed part as the worker gets it: the job's options (its prompt on the first part
-    only), the part's span plus the overlap, and an audio URL for this part's claim alone."""
+    only), the part's span plus the overlap, and an audio URL for this part's claim alone.
+    A diarized job's speakers part diarizes its span (the whole file) and transcribes nothing;
+    its other parts transcribe without speakers (gpu_worker/protocol/claim.py)."""
     assert part.worker_id is not None  # a successful claim sets it
     url = _audio_url(settings, store, job.audio_key, (part.id, part.worker_id, part.attempts), now)
+    speakers = part.kind == SPEAKERS_PART
     until = part.end_seconds
-    if part.index < count - 1:
+    if part.index < count - 1 and not speakers:
         until = min(part.end_seconds + OVERLAP_SECONDS, job.duration_seconds or until)
     span = ClaimedPart(
-        index=part.index, count=count, offset_seconds=part.start_seconds, until_seconds=until
+        index=part.index,
+        count=count,
+        offset_seconds=part.start_seconds,
+        until_seconds=until,
+        kind=SPEAKERS_PART if speakers else TRANSCRIBE_PART,
     )
     whole = _claimed(settings, job, url)
     prompt = job.prompt if part.index == 0 else None
-    return whole.model_copy(update={"id": part.id, "prompt": prompt, "part": span})
+    update = {"id": part.id, "prompt": prompt, "part": span, "diarize": whole.diarize and speakers}
+    return whole.model_copy(update=update)
 
 
 def _claimed(settings: Settings, job: Job, audio_url: str) -> ClaimedJob:

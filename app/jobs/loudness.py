@@ -68,13 +68,11 @@ def _db(power: float) -> float:
     return max(FLOOR_DB, 10.0 * math.log10(power)) if power > 0 else FLOOR_DB
 
 
-def spans_of(
-    path: Path, duration: float, part_seconds: float, *, diarize: bool
-) -> tuple[Span, ...]:
+def spans_of(path: Path, duration: float, part_seconds: float) -> tuple[Span, ...]:
     """Where a stored file (an upload, a URL job's download) is cut into parts; () when it is
-    not. A diarized job is never cut: its speakers are labelled over the whole file. The
-    probe has accepted the file, so a loudness pass that fails leaves the job whole."""
-    if diarize or part_count(duration, part_seconds) == 1:
+    not. A diarized job is cut too: its speakers part labels the whole file (app/jobs/parts.py).
+    The probe has accepted the file, so a loudness pass that fails leaves the job whole."""
+    if part_count(duration, part_seconds) == 1:
         return ()
     try:
         loudness = measure_loudness(path, duration + 1.0)

@@ -23,6 +23,12 @@ Invariants:
   moves it.
 - A part's transcript is kept only while its job runs: the job's end (stitched, failed or
   cancelled) clears every part's, and purging the job deletes its parts.
+- A diarized job has one more part, of kind `speakers` (index: the transcription parts'
+  count), spanning the whole file: its worker diarizes, the others transcribe without
+  speakers, and the stitch assigns the joined words to its turns (app/jobs/stitch.py), so the
+  job has one set of labels. It is sent first (it is the longest), claimed only by a worker
+  that lists `SPEAKER_PARTS`, and counts towards `summary` like any part but not towards
+  progress (its audio is the transcription parts').
 - Progress hook (for the streaming side, app/jobs/progress.py): a part's transcript covers
   [start_seconds, end_seconds) of the job's `duration_seconds`, with times of the whole file;
   `summary` counts parts done and running.
@@ -40,7 +46,7 @@ from sqlalchemy.orm import Session, undefer
 
 from app.db import Database
 from app.jobs.cuts import Span
-from app.jobs.stitch import PartTranscript, stitch
+from app.jobs.stitch import PartTranscript, stitch, with_speakers
 from app.models import (
     LIVE_WORKER_STATES,
     Job,
@@ -50,10 +56,14 @@ from app.models import (
     Worker,
 )
 from app.transitions import move_job, move_part
-from gpu_worker.protocol.claim import PARTS
+from gpu_worker.protocol.claim import PARTS, SPEAKER_PARTS, SPEAKERS_PART, TRANSCRIBE_PART
 from gpu_worker.protocol.failure import CANCELLED, CLIENT_FAILURES
 
 SEPARATOR = "."
+# A speakers part's work against transcribing the same audio, for the planner: WhisperX's
+# diarizer took 2 min 53 s where its batched ASR took 8 min 10 s on the same GPU and data
+# (docs/fleet.md, "Long files"; on the CPU it is 3.7 times, docs/performance.md).
+SPEAKERS_WORK_SHARE = 0.35
 ACTIVE_JOB = (JobStatus.DISPATCHED.value, JobStatus.RUNNING.value)
 _P = PartStatus
 UNFINISHED = (_P.QUEUED.value, _P.DISPATCHED.value, _P.RUNNING.value)
@@ -73,15 +83,20 @@ def is_part(message_id: str) -> bool:
 
 
 def new_parts(
-    job_id: str, spans: Sequence[Span], status: JobStatus, now: datetime
+    job_id: str, spans: Sequence[Span], status: JobStatus, now: datetime, *, diarize: bool
 ) -> list[JobPart]:
-    """The rows of a job's parts, in the state their job starts in (queued or dispatched)."""
+    """The rows of a job's parts, in the state their job starts in (queued or dispatched): one
+    per span, and for a diarized job its speakers part over the whole file."""
     dispatched = status == JobStatus.DISPATCHED
+    cut = [(span, TRANSCRIBE_PART) for span in spans]
+    if diarize and spans:
+        cut.append((Span(len(spans), 0.0, max(span.end for span in spans)), SPEAKERS_PART))
     return [
         JobPart(
             id=part_id(job_id, span.index),
             job_id=job_id,
             index=span.index,
+            kind=kind,
             start_seconds=span.start,
             end_seconds=span.end,
             status=(_P.DISPATCHED if dispatched else _P.QUEUED).value,
@@ -89,7 +104,7 @@ def new_parts(
             created_at=now,
             dispatched_at=now if dispatched else None,
         )
-        for span in spans
+        for span, kind in cut
     ]
 
 
@@ -117,14 +132,15 @@ def to_send(db: Database, job_id: str, now: datetime) -> list[str] | None:
     A part already running keeps its worker; a finished one is never sent again."""
     with db.session() as s:
         rows = s.execute(
-            select(JobPart.id, JobPart.status)
+            select(JobPart.id, JobPart.status, JobPart.kind)
             .where(JobPart.job_id == job_id)
             .order_by(JobPart.index)
         ).all()
         if not rows:
             return None
         ids = []
-        for pid, status in rows:
+        # The speakers part first: it spans the whole file, so it ends last if it starts last.
+        for pid, status, _ in sorted(rows, key=lambda row: row.kind != SPEAKERS_PART):
             if status == _P.QUEUED.value:
                 move_part(s, pid, [_P.QUEUED], _P.DISPATCHED, dispatched_at=now)
                 ids.append(pid)
@@ -163,9 +179,11 @@ class PartClaim:
     failed: Job | None = None  # set when this claim gave up on the job (too many attempts)
 
 
-def _serves_parts(worker: Worker | None) -> bool:
+def _serves(worker: Worker | None, part: JobPart) -> bool:
+    """Whether the worker says it runs parts of this kind (its readiness `features`)."""
     features = (worker.runtime or {}).get("features") if worker is not None else None
-    return isinstance(features, list) and PARTS in features
+    needed = (PARTS, SPEAKER_PARTS) if part.kind == SPEAKERS_PART else (PARTS,)
+    return isinstance(features, list) and all(feature in features for feature in needed)
 
 
 def _holder_is_on_it(s: Session, part: JobPart) -> bool:
@@ -188,7 +206,7 @@ def claim(
         me = s.get(Worker, worker_id)
         if part is None or job is None or job.status not in ACTIVE_JOB or job.profile != profile:
             return PartClaim()
-        if part.status not in (_P.DISPATCHED.value, _P.RUNNING.value) or not _serves_parts(me):
+        if part.status not in (_P.DISPATCHED.value, _P.RUNNING.value) or not _serves(me, part):
             return PartClaim()
         if (
             part.status == _P.RUNNING.value
@@ -377,15 +395,18 @@ def finish(db: Database, job_id: str, *, now: datetime) -> bool:
         )
     if job is None or not parts or any(p.status != _P.SUCCEEDED.value for p in parts):
         return False
-    duration = job.duration_seconds or parts[-1].end_seconds
+    spans = [p for p in parts if p.kind != SPEAKERS_PART]
+    duration = job.duration_seconds or spans[-1].end_seconds
     stitched = stitch(
         [
             PartTranscript(Span(p.index, p.start_seconds, p.end_seconds), p.transcript or {})
-            for p in parts
+            for p in spans
         ],
         duration,
         job.language,
     )
+    for speakers in (p for p in parts if p.kind == SPEAKERS_PART):
+        stitched = with_speakers(stitched, (speakers.transcript or {}).get("turns") or [])
     with db.session() as s:
         moved = move_job(
             s, job_id, [JobStatus.RUNNING], JobStatus.SUCCEEDED,

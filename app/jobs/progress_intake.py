@@ -16,6 +16,7 @@ import redis
 from app.db import Database
 from app.jobs import parts, progress
 from app.models import Job, JobPart, JobStatus
+from gpu_worker.protocol.claim import SPEAKERS_PART
 from gpu_worker.protocol.progress import ProgressBody
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,10 @@ def held_attempt(db: Database, job_id: str, worker_id: str) -> int | None:
 def _count(
     client: redis.Redis, part: JobPart, job: Job, *, attempt: int, seq: int, done: float | None
 ) -> int:
-    """Count a part's seconds done (None: its whole span) towards its job's progress."""
+    """Count a part's seconds done (None: its whole span) towards its job's progress; a
+    speakers part counts none (its audio is the transcription parts', app/jobs/parts.py)."""
+    if part.kind == SPEAKERS_PART:
+        return progress.DUPLICATE
     span = part.end_seconds - part.start_seconds
     verdict, _ = progress.report_part(
         client,

@@ -194,7 +194,11 @@ def insert_job(
                     job.dispatched_at = now
             s.add(job)
             if len(spans) > 1:
-                s.add_all(parts.new_parts(job.id, spans, JobStatus(job.status), now))
+                s.add_all(
+                    parts.new_parts(
+                        job.id, spans, JobStatus(job.status), now, diarize=bool(job.diarize)
+                    )
+                )
     except IntegrityError:
         if req.idempotency_key is None:
             raise

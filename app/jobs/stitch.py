@@ -18,6 +18,9 @@ Invariants (tests/test_stitch.py checks them on random transcripts cut at random
 - One `language` for the job: the one asked for, else the one most words were heard in
   (ties: the earliest part's), with the mean probability of the parts that found it.
 - `text` is the segments' texts joined as the worker joins them (gpu_worker/transcript.py).
+- A diarized job's speakers come last (`with_speakers`), from its speakers part's turns over
+  the whole file, by the worker's own rules (gpu_worker/speakers.py): the joined transcript is
+  labelled as one worker's would be, so no label changes meaning at a seam.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.jobs.cuts import Span
+from gpu_worker.protocol.transcript import Transcript, Turn
+from gpu_worker.speakers import SpeakerTurn, assign_speakers
 
 # A word of the next part starting this little before the last kept word's end is still new
 # (word times are estimates to a few hundredths).
@@ -152,3 +157,15 @@ def stitch(parts: Sequence[PartTranscript], duration: float, asked: str | None) 
     if task:
         body["task"] = task
     return body
+
+
+def with_speakers(stitched: dict[str, Any], turns: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The stitched transcript with a speaker on every segment and word, from the speakers
+    part's turns (times of the whole file); a segment whose words change speaker is split."""
+    said = [Turn.model_validate(turn) for turn in turns]
+    labelled = assign_speakers(
+        Transcript.model_validate(stitched),
+        [SpeakerTurn(turn.start, turn.end, turn.speaker) for turn in said],
+        words=True,
+    )
+    return {**stitched, **labelled.model_dump(exclude_none=True)}

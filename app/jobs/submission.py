@@ -60,7 +60,7 @@ class Submitter:
             existing = service.find_idempotent(self.svc.db, req.owner, key)
             if existing is not None:
                 return idempotency.replay(existing, req.request_hash), False
-        staged, size, duration, spans = self._stage(upload, diarize=req.diarize)
+        staged, size, duration, spans = self._stage(upload)
         audio_key = staged.name + ".audio"
         try:
             self.svc.storage.commit(staged, audio_key)
@@ -117,7 +117,7 @@ class Submitter:
         except Refused as err:
             log.warning("could not delete unreferenced audio: %s", err.code)
 
-    def _stage(self, upload: Upload, *, diarize: bool) -> tuple[Path, int, float, tuple[Span, ...]]:
+    def _stage(self, upload: Upload) -> tuple[Path, int, float, tuple[Span, ...]]:
         """Stream the upload to a staging file, enforce the size cap, probe it, and find the
         spans a long one is cut into (`spans_of`; () when it is not cut)."""
         limit = self.svc.settings.api.max_upload_bytes
@@ -135,7 +135,7 @@ class Submitter:
             with self.probe_slot():
                 info = probe_audio(staged, self.svc.settings.api.max_audio_seconds)
                 part_seconds = self.svc.settings.jobs.part_seconds
-                spans = spans_of(staged, info.duration_seconds, part_seconds, diarize=diarize)
+                spans = spans_of(staged, info.duration_seconds, part_seconds)
         except BaseException:
             staged.unlink(missing_ok=True)
             raise

@@ -12,6 +12,10 @@ Invariants:
   that would transcribe the whole file for it.
 - A part (`ClaimedPart`) is transcribed over [offset_seconds, until_seconds) of the job's
   audio only, and every time in its transcript is of the whole file (the offset added).
+- A diarized job's speakers part (`kind="speakers"`) is diarized, not transcribed, over the
+  whole file; its result carries speaker turns and no text (`Transcript.turns`). It is handed
+  only to a worker that lists `SPEAKER_PARTS` as well: an older one would transcribe the file.
+  The job's other parts come with `diarize` false: their speakers are assigned after the join.
 """
 
 from __future__ import annotations
@@ -27,6 +31,12 @@ MIN_TEMPERATURE = 0.0
 MAX_TEMPERATURE = 1.0
 # The claim feature a worker lists in its readiness runtime when it transcribes parts.
 PARTS = "parts"
+# ... and the one it lists when it also runs a diarized job's speakers part.
+SPEAKER_PARTS = "speaker_parts"
+# A part's kinds: a span to transcribe, or the speakers of the whole file (diarization only).
+PartKind = Literal["transcribe", "speakers"]
+TRANSCRIBE_PART: PartKind = "transcribe"
+SPEAKERS_PART: PartKind = "speakers"
 # The longest audio accepted when nothing else says (4 h).
 DEFAULT_MAX_AUDIO_SECONDS = 4 * 3600.0
 
@@ -41,6 +51,8 @@ class ClaimedPart(BaseModel):
     # Transcribe [offset_seconds, until_seconds) of the audio; shift every time by the offset.
     offset_seconds: float = Field(ge=0, allow_inf_nan=False)
     until_seconds: float = Field(gt=0, allow_inf_nan=False)
+    # What the worker does with the span: transcribe it, or find who speaks when in it.
+    kind: PartKind = TRANSCRIBE_PART
 
 
 class ClaimedJob(BaseModel):

@@ -23,6 +23,9 @@ Invariants:
   when the job asked for diarization and the worker ran it; they read `SPEAKER_00`,
   `SPEAKER_01`, ... numbered by first appearance (gpu_worker/speakers.py). Absent otherwise,
   so a transcript without diarization keeps its shape.
+- A speakers part's result (gpu_worker/protocol/claim.py, `SPEAKERS_PART`) has no text and
+  no segments; its `turns` are who speaks when over the whole file, labelled like segments.
+  `turns` is absent from every other transcript.
 - The result body's envelope (`ResultBody`) is strict (`extra="forbid"`): its two fields are
   the whole envelope; only the transcript inside it tolerates a newer worker's fields.
 """
@@ -68,6 +71,8 @@ def measured(value: float | None) -> float | None:
 SpeakerLabel = Annotated[str, Field(pattern=r"^SPEAKER_[0-9]{2,3}$")]
 # More speakers than any clustering finds in practice; the list only has to be bounded.
 MAX_SPEAKERS_LISTED = 100
+# Turns of a speakers part: one every 0.5 s over the 4-hour maximum, far above real speech.
+MAX_TURNS = 30_000
 
 
 class _Wire(BaseModel):
@@ -99,6 +104,14 @@ class Segment(_Wire):
     speaker: SpeakerLabel | None = None
 
 
+class Turn(_Wire):
+    """One stretch of one speaker's speech, as a speakers part reports it."""
+
+    start: Seconds
+    end: Seconds
+    speaker: SpeakerLabel
+
+
 class Transcript(_Wire):
     text: StorableText
     # The language of the audio (ISO 639-1): the job's, or the one the model detected, whose
@@ -111,6 +124,8 @@ class Transcript(_Wire):
     segments: list[Segment]
     # The speakers the segments name, in label order; set only when diarization ran.
     speakers: list[SpeakerLabel] | None = Field(default=None, max_length=MAX_SPEAKERS_LISTED)
+    # Who speaks when over the whole file: a speakers part's result only (see the invariants).
+    turns: list[Turn] | None = Field(default=None, max_length=MAX_TURNS)
 
     def to_json(self) -> dict[str, Any]:
         """The result body's `transcript`: the fields the worker set; `words` only when set."""
