@@ -8,6 +8,11 @@ newest `MAX_FINISHED` transcribed jobs. A profile with no history has no samples
 the planner then falls back to its configured bounds (app/fleet/boot_policy.py) and to one
 worker per waiting job (app/fleet/scaling_policy.py).
 
+A job cut into parts (app/jobs/parts.py) ran on several workers at once: its time is the sum
+of its transcription parts' times, each bounded by that part's own claim-to-result, never the
+job's wall time (which would count W workers' work as one's and learn a speed W times too
+fast); its speakers part is not transcription and does not count.
+
 Boots are learned per worker image: a new `worker_image` is pulled cold on each new instance,
 so the boots measured with the old one say nothing about it. The reconcile notes each profile's
 image (`IMAGES_KEY`, in Redis); when it sees another one it notes the moment, and only the
@@ -27,9 +32,11 @@ from typing import Any
 
 import redis
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from app.db import Database, as_utc
-from app.models import Job, JobStatus, Worker
+from app.models import Job, JobPart, JobStatus, PartStatus, Worker
+from gpu_worker.protocol.claim import TRANSCRIBE_PART
 
 log = logging.getLogger("murmur.fleet")
 
@@ -130,6 +137,7 @@ def compute_learned(
         ).all()
         finished = s.execute(
             select(
+                Job.id,
                 Job.profile,
                 Job.duration_seconds,
                 Job.processing_seconds,
@@ -144,6 +152,7 @@ def compute_learned(
             .order_by(Job.finished_at.desc())
             .limit(MAX_FINISHED)
         ).all()
+        parted = _parts_seconds(s, [row.id for row in finished])
         arrivals = s.scalars(
             select(Job.id).where(Job.created_at >= now - ARRIVAL_WINDOW).limit(10_000)
         ).all()
@@ -157,11 +166,14 @@ def compute_learned(
         boots.setdefault(profile, []).append(max(0.0, (b - a).total_seconds()))
     audio: dict[str, float] = {}
     wall: dict[str, float] = {}
-    for name, duration, processing, started, ended in finished:
+    for job_id, name, duration, processing, started, ended in finished:
         if name is None or duration is None or processing is None:
             continue
         audio[name] = audio.get(name, 0.0) + float(duration)
-        wall[name] = wall.get(name, 0.0) + _bounded(float(processing), started, ended)
+        spent = parted.get(job_id)
+        if spent is None:
+            spent = _bounded(float(processing), started, ended)
+        wall[name] = wall.get(name, 0.0) + spent
     return Learned(
         computed_at=now,
         boots={k: tuple(v) for k, v in boots.items()},
@@ -169,6 +181,26 @@ def compute_learned(
         arrivals=len(arrivals),
         images=dict(images or {}),
     )
+
+
+def _parts_seconds(s: Session, job_ids: list[str]) -> dict[str, float]:
+    """Of these jobs, those cut into parts: the seconds their transcription parts took, each
+    bounded by its own claim-to-result (see the module's docstring)."""
+    spent: dict[str, float] = {}
+    for chunk in (job_ids[i : i + 500] for i in range(0, len(job_ids), 500)):
+        rows = s.execute(
+            select(
+                JobPart.job_id, JobPart.processing_seconds, JobPart.started_at, JobPart.finished_at
+            ).where(
+                JobPart.job_id.in_(chunk),
+                JobPart.kind == TRANSCRIBE_PART,
+                JobPart.status == PartStatus.SUCCEEDED.value,
+            )
+        ).all()
+        for job_id, processing, started, ended in rows:
+            took = _bounded(float(processing or 0.0), started, ended)
+            spent[job_id] = spent.get(job_id, 0.0) + took
+    return spent
 
 
 def _bounded(processing: float, started: datetime | None, ended: datetime | None) -> float:

@@ -240,6 +240,9 @@ class WaitingJob:
     audio_seconds: float | None = None
     # None: any profile may serve it; empty: none of the configured ones can.
     profiles: tuple[str, ...] | None = None
+    # The spans it is cut into (app/jobs/parts.py), 0 when whole: once dispatched, its parts
+    # spread over every free worker of the profile instead of holding one.
+    parts: int = 0
 
 
 @dataclass(frozen=True)

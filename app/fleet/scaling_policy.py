@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
+from datetime import datetime
 
 from app.fleet.boot_policy import profile_boot
 from app.fleet.plan_records import (
@@ -175,7 +176,7 @@ def grow_for_parts(r: Round) -> None:
             if not free_in:
                 add_workers(r, p, min(1, room), "parts: first worker for the parts on its queue")
             continue
-        queue = _queue(r, p, [], p.speed)  # its jobs and parts not started yet
+        queue, _ = _queue(r, p, [], p.speed)  # its jobs and parts not started yet
         n, rule = workers_wanted(free_in, queue, boot, target, room)
         add_workers(r, p, n, f"parts: {rule}")
 
@@ -286,12 +287,12 @@ def _provision_by_work(r: Round) -> None:
             late = rest[added:]
         else:
             free_in = _free_in(r, p, boot)
-            queue = _queue(r, p, mine, p.speed)
+            queue, starts = _queue(r, p, mine, p.speed)
             n, rule = workers_wanted(free_in, queue, boot, target, max(0, room))
             added = add_workers(r, p, n, rule)
             after = drain(free_in + [boot] * added, queue)
-            ahead = len(queue) - len(mine)  # jobs already on its queue come first
-            late = [j for j, w in zip(mine, after.waits[ahead:], strict=True) if w > target]
+            # A job starts with its first part (or whole).
+            late = [j for j, first in zip(mine, starts, strict=True) if after.waits[first] > target]
         if late and t.live + t.new >= p.max_workers:
             r.held_back.append(f"{p.name}: at max_workers ({p.max_workers})")
         keep = {j.id for j in mine} - {j.id for j in late}
@@ -328,12 +329,20 @@ def _free_in(r: Round, p: ProfileSnapshot, boot: float) -> list[float]:
     return out + [boot] * r.tallies[p.name].new
 
 
+def _as_work(job: WaitingJob, now: datetime, speed: float) -> list[tuple[float, float]]:
+    """A waiting job as the queue will hold it: whole, or its parts, each its share of the
+    audio (they spread over every free worker once the job is dispatched)."""
+    waited = (now - job.submitted_at).total_seconds()
+    pieces = max(1, job.parts)
+    return [(waited, (job.audio_seconds or 0.0) / speed / pieces)] * pieces
+
+
 def _queue(
     r: Round, p: ProfileSnapshot, mine: list[WaitingJob], speed: float
-) -> list[tuple[float, float]]:
+) -> tuple[list[tuple[float, float]], list[int]]:
     """(seconds waited, seconds of work) of the jobs and parts on the profile's queue not
     started yet (this round's dispatches included), oldest first, then of `mine`, in their
-    order."""
+    order, a job cut into parts as its parts; and where each of `mine` starts in that list."""
     now = r.state.now
     waiting = {j.id: j for j in r.state.waiting_jobs}
     ahead: list[tuple[float, float]] = []
@@ -344,13 +353,14 @@ def _queue(
     for d in r.dispatches:
         job = waiting.get(d.job_id)
         if d.profile == p.name and job is not None:
-            work = (job.audio_seconds or 0.0) / speed
-            ahead.append(((now - job.submitted_at).total_seconds(), work))
+            ahead += _as_work(job, now, speed)
     t = r.tallies[p.name]
     if t.parts_waiting:  # parts of long jobs, each its part of the audio
         waited = (now - t.parts_since).total_seconds() if t.parts_since else 0.0
         ahead += [(waited, t.parts_seconds / t.parts_waiting / speed)] * t.parts_waiting
     ahead.sort(key=lambda q: -q[0])
-    return ahead + [
-        ((now - j.submitted_at).total_seconds(), (j.audio_seconds or 0.0) / speed) for j in mine
-    ]
+    starts = []
+    for job in mine:
+        starts.append(len(ahead))
+        ahead += _as_work(job, now, speed)
+    return ahead, starts

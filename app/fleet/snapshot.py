@@ -164,6 +164,7 @@ def read_snapshot(
                 submitted_at=as_utc(by_id[job_id].created_at) or now,
                 audio_seconds=by_id[job_id].duration,
                 profiles=None if job_id not in routes else tuple(sorted(routes[job_id])),
+                parts=db.head_parts.get(job_id, 0),
             )
             for job_id in order[:MAX_WAITING_JOBS]
         ),
@@ -214,6 +215,8 @@ class _Rows:
     needs: Sequence[Any] = ()
     # Parts of long jobs waiting on each profile's queue: (profile, count, seconds, oldest job)
     part_counts: Sequence[Any] = ()
+    # Of the heads, the jobs cut into parts: how many spans each (its speakers part aside).
+    head_parts: dict[str, int] = field(default_factory=dict)
     # Of the active sample, the jobs cut into parts.
     parted: frozenset[str] = frozenset()
     # Parts running now: rows of (id, profile, worker_id, seconds, started_at)
@@ -354,6 +357,7 @@ def _read_rows(svc: Services) -> _Rows:
             select(func.count(), func.min(Job.created_at)).where(_queued_ready())
         ).one()
         heads = _queued_heads(s) if queued else []
+        head_parts = _spans_of(s, [h.id for h in heads]) if heads else {}
         active = _active_jobs(s)
         in_service: dict[str, int] = {}
         needs: Sequence[Any] = ()
@@ -376,9 +380,20 @@ def _read_rows(svc: Services) -> _Rows:
         in_service=in_service,
         needs=needs,
         part_counts=part_counts,
+        head_parts=head_parts,
         parted=parted,
         running_parts=running_parts,
     )
+
+
+def _spans_of(s: Session, job_ids: Sequence[str]) -> dict[str, int]:
+    """The number of spans each of these jobs is cut into, for those that are cut."""
+    rows = s.execute(
+        select(JobPart.job_id, func.count())
+        .where(JobPart.job_id.in_(job_ids), JobPart.kind != SPEAKERS_PART)
+        .group_by(JobPart.job_id)
+    ).all()
+    return {str(job_id): int(n) for job_id, n in rows}
 
 
 def _has_parts() -> ColumnElement[bool]:

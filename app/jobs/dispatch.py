@@ -42,13 +42,16 @@ def dispatch_job(db: Database, celery: Celery, job_id: str, profile: str, *, now
         )
     if not moved:
         return False
-    return send_dispatched(db, celery, job_id, profile)
+    return send_dispatched(db, celery, job_id, profile, now=now)
 
 
-def send_dispatched(db: Database, celery: Celery, job_id: str, profile: str) -> bool:
+def send_dispatched(
+    db: Database, celery: Celery, job_id: str, profile: str, *, now: datetime | None = None
+) -> bool:
     """Send the message for a job already marked dispatched (one per waiting part for a job
-    cut into parts); on failure put it back to queued."""
-    ids = parts.to_send(db, job_id, utcnow())
+    cut into parts, marked dispatched at `now`, the caller's clock); on failure put it back
+    to queued."""
+    ids = parts.to_send(db, job_id, now or utcnow())
     try:
         for message in [job_id] if ids is None else ids:
             celery.send_task(

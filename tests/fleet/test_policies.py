@@ -34,7 +34,7 @@ from app.fleet.planner import (
     plan_fleet,
 )
 from app.fleet.scaling_policy import drain, workers_wanted
-from app.models import Job, JobStatus, Worker, WorkerState
+from app.models import Job, JobPart, JobStatus, PartStatus, Worker, WorkerState
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 RULES = FleetRules(
@@ -160,6 +160,18 @@ def test_jobs_that_waited_long_get_workers_for_the_target_and_spill_past_the_bou
     added = provisions(state([profile(max_workers=1), profile("p100", max_workers=2)], waited))
     assert [p.profile for p in added] == ["l4", "p100", "p100"]
     assert all(p.rule.startswith(("target wait", "first worker")) for p in added)
+
+
+def test_a_waiting_job_in_parts_is_sized_as_its_parts_spread_over_the_workers() -> None:
+    # A 2-hour job (240 s of work at 30x) then a 10-minute one, both just submitted, no worker
+    # yet (boot 187.5 s). Whole, two workers start both at once. In 24 parts the first job
+    # takes every worker until its last part, so the second starts when the parts are done:
+    # 307.5 s on two workers, past the 300 s target; a third worker brings it to 267.5 s.
+    whole = jobs(7200.0, 600.0)
+    parted = (replace(whole[0], parts=24), whole[1])
+    assert len(provisions(state([profile()], whole))) == 2
+    added = provisions(state([profile()], parted))
+    assert len(added) == 3 and added[-1].rule.startswith("target wait")
 
 
 def test_unknown_work_keeps_one_worker_per_job() -> None:
@@ -449,6 +461,41 @@ def test_boots_speed_and_arrivals_are_learned_from_the_history(db: Database) -> 
     assert sorted(learned.boots["l4"]) == [100.0, 120.0, 130.0]
     assert learned.speed == {"l4": 30.0, "p100": 15.0}
     assert learned.arrivals == 2  # submitted within the last 30 minutes
+
+
+def test_a_job_in_parts_teaches_the_speed_of_its_parts_not_of_its_wall_time(
+    db: Database,
+) -> None:
+    # 900 s of audio in three parts run at once on three workers, 20 s each: the worker speed
+    # is 15x, though the job took 25 s from its first claim to its last result.
+    with db.session() as s:
+        s.add(
+            Job(
+                id="job_parted", owner="t", source="upload", audio_key="x",
+                status=JobStatus.SUCCEEDED.value, profile="l4", duration_seconds=900.0,
+                processing_seconds=60.0, created_at=ago(100), started_at=ago(60),
+                finished_at=ago(35),
+            )
+        )  # fmt: skip
+        for i in range(3):
+            s.add(
+                JobPart(
+                    id=f"job_parted.{i}", job_id="job_parted", index=i, kind="transcribe",
+                    start_seconds=300.0 * i, end_seconds=300.0 * (i + 1),
+                    status=PartStatus.SUCCEEDED.value, attempts=1, processing_seconds=20.0,
+                    created_at=ago(100), started_at=ago(60 - i), finished_at=ago(40 - i),
+                )
+            )  # fmt: skip
+        # Its speakers part (diarization, not transcription) does not count.
+        s.add(
+            JobPart(
+                id="job_parted.3", job_id="job_parted", index=3, kind="speakers",
+                start_seconds=0.0, end_seconds=900.0, status=PartStatus.SUCCEEDED.value,
+                attempts=1, processing_seconds=25.0, created_at=ago(100), started_at=ago(60),
+                finished_at=ago(35),
+            )
+        )  # fmt: skip
+    assert compute_learned(db, NOW).speed == {"l4": 15.0}
 
 
 def test_a_new_worker_image_is_learned_anew(db: Database, redis_url: str) -> None:
