@@ -197,13 +197,13 @@ class IoSettings(_Strict):
 MIN_PART_SECONDS = 30.0
 
 
-# Off by default, from the measurements of issue 34 (docs/fleet.md, "Choosing
-# `part_seconds`"): cutting costs no transcription work (bench/long_file_parts.py) and a 2-hour
-# file on an idle fleet comes back in 0.59x the time, but on the scripted mixed day
-# (bench/fleet_economics.py) parts of 300 s do not lower the latency p95, cost 3 % more GPU
-# time, and leave 1-2 jobs waiting past the target beside a free slot in the stock-out episode.
-# 300 is the value to set where long recordings dominate.
-DEFAULT_PART_SECONDS = 0.0
+# From the measurements of issue 34 (docs/fleet.md, "Choosing `part_seconds`"): cutting costs
+# no transcription work (bench/long_file_parts.py); on the scripted mixed day
+# (bench/fleet_economics.py) parts of 300 s give the lowest latency p95 of 0, 180, 300 and 600
+# (438 s against 471 s whole) and bring the day's 2-hour file back in 215 s instead of 365 s,
+# for 6 % more GPU time (0.132 GPU-s per audio-s against 0.124), with no job late beside a free
+# slot. 0 transcribes every job whole (while older workers, which cannot take a part, serve).
+DEFAULT_PART_SECONDS = 300.0
 
 
 class JobsSettings(_Strict):

@@ -31,13 +31,14 @@ max_workers, out of stock, held, disabled, at the budget, or nothing); a transcr
 started later than fleet.target_wait_seconds after its submission while some profile had room
 is a policy miss, printed as LATE WITH ROOM.
 
-A job of at least 1.5 × `jobs.part_seconds` (the shipped default, 0: none, unless `--part-
-seconds`) is cut into parts as the API cuts an upload (app/jobs/cuts.py; simulated audio has no
-pauses, so the cuts fall on the nominal boundaries), its parts are sent and scaled for by the
-real dispatch and planner, and each part is claimed and finished by a simulated worker at the
-rows `app.jobs.parts` changes (its span plus the overlap at the profile's speed); the job
-succeeds when its last part does. The last episode, one 2-hour file on an idle fleet, is also
-run alone with parts (the day's, else 300 s) and without, for the ratio of its latencies.
+A job of at least 1.5 × `jobs.part_seconds` (the shipped default, 300 s, unless
+`--part-seconds`; 0: none) is cut into parts as the API cuts an upload (app/jobs/cuts.py;
+simulated audio has no pauses, so the cuts fall on the nominal boundaries), its parts are sent
+and scaled for by the real dispatch and planner, and each part is claimed and finished by a
+simulated worker at the rows `app.jobs.parts` changes (its span plus the overlap at the
+profile's speed); the job succeeds when its last part does. The last episode, one 2-hour file
+on an idle fleet, is also run alone with parts (the day's, else 300 s) and without, for the
+ratio of its latencies.
 
 Bounded: at most MAX_ROUNDS reconciles per run and MAX_WALL_SECONDS of wall time in all;
 exits non-zero if a day did not finish, anything leaked or a job was late with room.

@@ -104,7 +104,8 @@ def test_a_real_recording_is_cut_in_its_pauses() -> None:
 
 
 def test_part_seconds_is_off_or_at_least_thirty_seconds(tmp_path: object) -> None:
-    assert load_settings(env={}).jobs.part_seconds == 0
+    assert load_settings(env={}).jobs.part_seconds == 300  # the default (docs/fleet.md)
+    assert load_settings(env={"MURMUR_PART_SECONDS": "0"}).jobs.part_seconds == 0
     assert load_settings(env={"MURMUR_PART_SECONDS": "300"}).jobs.part_seconds == 300
     assert load_settings(env={"MURMUR_PART_SECONDS": "120"}).jobs.part_seconds == 120
     with pytest.raises(ConfigError) as refused:
