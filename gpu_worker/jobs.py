@@ -1,7 +1,8 @@
 """One transcription job, start to finish: claim, download, decode, transcribe, report.
 
 A claimed part of a long job (gpu_worker/parts.py) goes the same way over its span of the
-audio only, its times shifted to the whole file's.
+audio only, its times shifted to the whole file's; a diarized job's speakers part is diarized,
+not transcribed, and its result is the speakers' turns (gpu_worker/protocol/claim.py).
 
 A job the control plane lets go of while it runs (cancelled, re-routed) is stopped between
 segments (gpu_worker/holding.py) and reported as `cancelled`, which frees the worker and is
@@ -119,6 +120,7 @@ def process_job(job_id: str, context: JobContext) -> Outcome:
             watch()  # a long download or decode may have outlived the job
             if claim.part is not None and claim.part.kind == SPEAKERS_PART:
                 transcript = _speakers(context.diarizer, samples, claim, watch)
+                audio_seconds = 0.0  # the file's audio is counted once, by its other parts
             else:
                 reporter = progress.with_progress(
                     watch, context.client, job_id, audio_seconds, words=bool(claim.word_timestamps)
