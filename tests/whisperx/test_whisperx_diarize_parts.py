@@ -14,18 +14,21 @@ import json
 import time
 import wave
 from pathlib import Path
-from typing import Any
 
 import pytest
-import requests
 
-from app.celery_config import RECONCILE, make_celery
 from app.fleet.providers.local import LocalProvider
 from gpu_worker.diarization_error import diarization_error
 from gpu_worker.speakers import SpeakerTurn
 from scripts import stack
-from tests.conftest import FIXTURES, ROOT, LiveApi, Proc, api_get, auth
-from tests.whisperx.test_whisperx_diarize_stack import MAX_DER, WORKER_PYTHON, _owners
+from tests.conftest import FIXTURES, ROOT, LiveApi, Proc, api_get
+from tests.whisperx.test_whisperx_diarize_stack import (
+    MAX_DER,
+    WORKER_PYTHON,
+    _owners,
+    finished,
+    submit_diarized,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -63,23 +66,6 @@ def _repeated(path: Path) -> tuple[Path, list[SpeakerTurn]]:
     return path, turns
 
 
-def _finished(live_api: LiveApi, control_worker: Proc, job_id: str) -> dict[str, Any]:
-    celery = make_celery(live_api.settings)
-    job: dict[str, Any] = {}
-    try:
-        deadline = time.monotonic() + 900
-        while time.monotonic() < deadline:
-            RECONCILE.send(celery, expires=5)  # what beat sends every interval
-            job = api_get(live_api, f"/v1/jobs/{job_id}").json()
-            if job["status"] in ("succeeded", "failed", "cancelled"):
-                break
-            assert control_worker.popen.poll() is None, control_worker.output()[-3000:]
-            time.sleep(1.0)
-    finally:
-        celery.close()
-    return job
-
-
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_a_diarized_long_file_keeps_its_speaker_labels_across_parts(
     live_api: LiveApi, control_worker: Proc, tmp_path: Path
@@ -87,19 +73,10 @@ def test_a_diarized_long_file_keeps_its_speaker_labels_across_parts(
     audio, reference = _repeated(tmp_path / "meeting.wav")
     started = time.monotonic()
     try:
-        with audio.open("rb") as fh:
-            created = requests.post(
-                f"{live_api.url}/v1/jobs",
-                headers=auth(),
-                files={"file": ("meeting.wav", fh)},
-                data={"diarize": "true", "word_timestamps": "true"},
-                timeout=60,
-            )
-        assert created.status_code == 202, created.text
-        job_id = created.json()["id"]
+        job_id = submit_diarized(live_api, audio)
         shown = api_get(live_api, f"/v1/jobs/{job_id}").json()
         assert shown["parts"]["count"] == COPIES + 1  # three spans and the speakers
-        job = _finished(live_api, control_worker, job_id)
+        job = finished(live_api, control_worker, job_id, 900)
         print(f"diarized parted job {job.get('status')} in {time.monotonic() - started:.1f} s")
         assert job.get("status") == "succeeded", (job, control_worker.output()[-3000:])
         assert job["parts"] == {"count": COPIES + 1, "done": COPIES + 1, "running": 0}

@@ -60,6 +60,42 @@ def _middle(word: dict[str, Any]) -> float:
     return (float(word["start"]) + float(word["end"])) / 2
 
 
+def submit_diarized(live_api: LiveApi, audio: Path) -> str:
+    """What `curl -F file=@<audio> -F diarize=true -F word_timestamps=true .../v1/jobs` does:
+    the new job's id."""
+    with audio.open("rb") as fh:
+        created = requests.post(
+            f"{live_api.url}/v1/jobs",
+            headers=auth(),
+            files={"file": (audio.name, fh)},
+            data={"diarize": "true", "word_timestamps": "true"},
+            timeout=60,
+        )
+    assert created.status_code == 202, created.text
+    return str(created.json()["id"])
+
+
+def finished(
+    live_api: LiveApi, control_worker: Proc, job_id: str, seconds: float
+) -> dict[str, Any]:
+    """The job once it ended (or as it stands after `seconds`), reconciles sent meanwhile as
+    beat sends them; the control worker must stay up."""
+    celery = make_celery(live_api.settings)
+    job: dict[str, Any] = {}
+    try:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            RECONCILE.send(celery, expires=5)  # what beat sends every interval
+            job = api_get(live_api, f"/v1/jobs/{job_id}").json()
+            if job["status"] in ("succeeded", "failed", "cancelled"):
+                break
+            assert control_worker.popen.poll() is None, control_worker.output()[-3000:]
+            time.sleep(1.0)
+    finally:
+        celery.close()
+    return job
+
+
 def _owners(reference: list[SpeakerTurn], found: list[SpeakerTurn]) -> list[tuple[str, float]]:
     """For each true turn, the found speaker covering most of it and the share covered."""
     owners = []
@@ -79,29 +115,10 @@ def test_a_diarize_job_on_the_stacks_diarizing_profile_finds_both_speakers(
 ) -> None:
     settings = live_api.settings
     assert [p.name for p in settings.enabled_profiles] == ["local-cpu", "local-cpu-diarize"]
-    celery = make_celery(settings)
     started = time.monotonic()
     try:
-        with (FIXTURES / "two-voices.wav").open("rb") as fh:
-            created = requests.post(
-                f"{live_api.url}/v1/jobs",
-                headers=auth(),
-                files={"file": ("two-voices.wav", fh)},
-                data={"diarize": "true", "word_timestamps": "true"},
-                timeout=60,
-            )
-        assert created.status_code == 202, created.text
-        job_id = created.json()["id"]
-
-        job: dict[str, Any] = {}
-        deadline = time.monotonic() + 480
-        while time.monotonic() < deadline:
-            RECONCILE.send(celery, expires=5)  # what beat sends every interval
-            job = api_get(live_api, f"/v1/jobs/{job_id}").json()
-            if job["status"] in ("succeeded", "failed", "cancelled"):
-                break
-            assert control_worker.popen.poll() is None, control_worker.output()[-3000:]
-            time.sleep(1.0)
+        job_id = submit_diarized(live_api, FIXTURES / "two-voices.wav")
+        job = finished(live_api, control_worker, job_id, 480)
         elapsed = time.monotonic() - started
         print(f"diarize job {job.get('status')} in {elapsed:.1f} s")
         assert job.get("status") == "succeeded", (job, control_worker.output()[-3000:])
@@ -164,7 +181,6 @@ def test_a_diarize_job_on_the_stacks_diarizing_profile_finds_both_speakers(
         assert vtt.startswith("WEBVTT")
         assert "<v SPEAKER_00>" in vtt and "<v SPEAKER_01>" in vtt, vtt
     finally:
-        celery.close()
         provider = LocalProvider(settings, state_dir=tmp_path / "instances", term_grace=10)
         for instance in provider.list_by_tag(frozenset()):
             provider.delete(instance.instance_id, instance.resources)
