@@ -336,7 +336,41 @@ def test_parts_progress_counts_every_parts_audio_towards_the_job(
     assert [e.type for e in events].count("attempt") == 1  # the parts are the job's one attempt
     values = [e.data["progress"] for e in events if e.type == "progress"]
     assert len(values) == 3 and values == sorted(values)  # each applied report, the end
-    assert not progress.current_segments(events)  # a part's segments are not streamed
+    # A running part's segments are not streamed; the first part's are, once it is in.
+    (streamed,) = progress.current_segments(events)
+    assert streamed["id"] == 0 and streamed["text"].startswith(" w0")
+    assert all(w["start"] < whole for w in streamed["words"])  # its overlap is the next's
+
+
+def test_parts_segments_are_streamed_in_order_as_they_become_final(
+    client: Any, db: Database, clean_redis: redis.Redis
+) -> None:
+    worker = ready_worker(db)
+    job = submit(client)
+    ids = [parts.part_id(job["id"], i) for i in range(3)]
+    claims = [call(client, worker, f"/jobs/{pid}/claim").get_json()["job"] for pid in ids]
+
+    def finish(n: int) -> list[str]:
+        span = (claims[n]["part"]["offset_seconds"], claims[n]["part"]["until_seconds"])
+        body = {"transcript": words_of(span, span[1], "w"), "processing_seconds": 1.0}
+        assert call(client, worker, f"/jobs/{ids[n]}/result", body).get_json() == {"stored": True}
+        events = progress.events_after(clean_redis, job["id"], count=100_000)
+        return [s["text"] for s in progress.current_segments(events)]
+
+    assert finish(1) == []  # the first part is not in: nothing is final yet
+    after_first = finish(0)  # the first two are: both parts' segments, in order
+    assert len(after_first) == 2
+    assert finish(2)[:2] == after_first  # never revised, only extended
+    final = client.get(
+        f"/v1/jobs/{job['id']}/transcript?format=verbose_json", headers=auth()
+    ).get_json()["segments"]
+    events = progress.events_after(clean_redis, job["id"], count=100_000)
+    live = progress.current_segments(events)
+    assert [(s["id"], s["text"]) for s in live] == [(s["id"], s["text"]) for s in final]
+    # A second publisher with fewer segments (a result answered twice) streams nothing twice.
+    assert progress.publish_segments(clean_redis, job["id"], live[:1]) == len(live)
+    again = progress.current_segments(progress.events_after(clean_redis, job["id"]))
+    assert len(again) == len(live)
 
 
 def test_a_redis_error_on_a_parts_progress_never_loses_its_result(

@@ -29,6 +29,9 @@ Invariants:
   job has one set of labels. It is sent first (it is the longest), claimed only by a worker
   that lists `SPEAKER_PARTS`, and counts towards `summary` like any part but not towards
   progress (its audio is the transcription parts').
+- Live segments (`ready_segments`): the stitch of the job's first parts, as far as every part
+  before is in, is exactly the start of its final stitch, so those segments are streamed as
+  they become final, in order, never revised (a diarized job's wait for its speakers: none).
 - Progress hook (for the streaming side, app/jobs/progress.py): a part's transcript covers
   [start_seconds, end_seconds) of the job's `duration_seconds`, with times of the whole file;
   `summary` counts parts done and running.
@@ -420,6 +423,40 @@ def finish(db: Database, job_id: str, *, now: datetime) -> bool:
         if moved:
             _forget_transcripts(s, job_id)
     return moved
+
+
+def ready_segments(db: Database, job_id: str) -> list[dict[str, Any]]:
+    """The job's segments that no later part can change: the stitch of its transcription parts
+    from the first up to the first one not in yet (all of them once the job succeeded); none
+    for a diarized job (its speakers come last) or one that ended otherwise."""
+    with db.reader() as s:
+        job = s.get(Job, job_id, options=[undefer(Job.transcript)])
+        if job is None or job.diarize:
+            return []
+        if job.status == JobStatus.SUCCEEDED.value:
+            return list((job.transcript or {}).get("segments") or [])
+        if job.status not in ACTIVE_JOB:
+            return []
+        rows = list(
+            s.execute(
+                select(JobPart)
+                .where(JobPart.job_id == job_id, JobPart.kind != SPEAKERS_PART)
+                .order_by(JobPart.index)
+                .options(undefer(JobPart.transcript))
+            ).scalars()
+        )
+    first: list[JobPart] = []
+    for part in rows:
+        if part.status != _P.SUCCEEDED.value or part.transcript is None:
+            break
+        first.append(part)
+    if not first:
+        return []
+    spans = [PartTranscript(Span(p.index, p.start_seconds, p.end_seconds), p.transcript or {})
+             for p in first]  # fmt: skip
+    duration = job.duration_seconds or rows[-1].end_seconds
+    whole = stitch(spans, duration, job.language, complete=len(first) == len(rows))
+    return list(whole["segments"])
 
 
 def _forget_transcripts(s: Session, job_id: str) -> None:

@@ -21,9 +21,11 @@ A job cut into parts (app/jobs/parts.py) has no single attempt: each part report
 worker runs it (its attempt, its sequence numbers, seconds done of its span), into a hash of
 the parts (`report_part`, one Lua script too), and the job's standing and `progress` events
 are the sum over its parts, as the job's one attempt: seconds done of every part (a finished
-part counts whole) over the file's length, never decreasing. A part's segments are not
-streamed (parts run at once, out of order, and overlap at the seams); the job's stitched
-segments follow at `done`.
+part counts whole) over the file's length, never decreasing. A running part's segments are
+not streamed (parts run at once, out of order, and overlap at the seams); the stitched
+segments are, as they become final (`publish_segments`: each time a part's result completes
+a longer run of parts from the first, the segments past those already streamed), so a
+stream's segments are always the start of the job's transcript; the rest follow at `done`.
 
 This module is the store only: the worker endpoint, the events stream and the job view read and
 write through it.
@@ -129,6 +131,27 @@ return {0, tostring(progress)}
 """
 FINISHED = 1_000_000  # a finished part's attempt in the parts hash: later reports are stale
 
+# KEYS: meta hash, stream. ARGV: maxlen, ttl, then the JSON payloads of the job's final
+# segments so far, from its first. Appends those past the count already streamed (the meta
+# hash's `segments`), as attempt 1's; a publisher with fewer than that appends nothing, so two
+# at once stream each segment once. Only after a part's report made the job's standing.
+# Returns the count streamed.
+_PUBLISH = """
+if not redis.call('HGET', KEYS[1], 'attempt') then return 0 end
+local sent = tonumber(redis.call('HGET', KEYS[1], 'segments') or '0')
+local maxlen = tonumber(ARGV[1])
+local n = #ARGV - 2
+if n <= sent then return sent end
+for i = sent + 1, n do
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', maxlen, '*', 'type', 'segment',
+    'attempt', 1, 'data', ARGV[i + 2])
+end
+redis.call('HSET', KEYS[1], 'segments', n)
+redis.call('EXPIRE', KEYS[1], tonumber(ARGV[2]))
+redis.call('EXPIRE', KEYS[2], tonumber(ARGV[2]))
+return n
+"""
+
 APPLIED, DUPLICATE, STALE = 0, 1, 2
 
 
@@ -223,6 +246,18 @@ def report_part(
     answer: Any = client.eval(_PART_REPORT, 3, meta, stream, _parts_key(job_id), *args)
     verdict, progress = answer
     return int(verdict), float(progress)
+
+
+def publish_segments(client: redis.Redis, job_id: str, segments: list[dict[str, Any]]) -> int:
+    """Stream a job in parts' final segments so far (app/jobs/parts.py, `ready_segments`):
+    those past the ones already streamed; the count streamed after it."""
+    keep = ("id", "start", "end", "text", "words")
+    payloads = [
+        json.dumps({k: s[k] for k in keep if k in s}, separators=(",", ":")) for s in segments
+    ]
+    meta, stream = _keys(job_id)
+    answer: Any = client.eval(_PUBLISH, 2, meta, stream, MAX_EVENTS, ACTIVE_TTL_S, *payloads)
+    return int(answer)
 
 
 def mark_status(client: redis.Redis, job_id: str, *, ended: bool) -> None:

@@ -65,8 +65,9 @@ def _accept_part(
 
 
 def part_finished(db: Database, client: redis.Redis, pid: str) -> None:
-    """A part's result is stored: its whole span counts as done (no later report of it does).
-    The live view only: a Redis error is logged, never raised into the result's answer."""
+    """A part's result is stored: its whole span counts as done (no later report of it does),
+    and the segments it made final are streamed (`progress.publish_segments`). The live view
+    only: a Redis error is logged, never raised into the result's answer."""
     with db.reader() as s:
         part = s.get(JobPart, pid)
         job = s.get(Job, part.job_id) if part is not None else None
@@ -74,6 +75,7 @@ def part_finished(db: Database, client: redis.Redis, pid: str) -> None:
         return
     try:
         _count(client, part, job, attempt=progress.FINISHED, seq=1, done=None)
+        progress.publish_segments(client, job.id, parts.ready_segments(db, job.id))
     except redis.RedisError as exc:
         log.warning("part %s: its progress was not updated: %s", pid, exc)
 

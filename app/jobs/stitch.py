@@ -132,12 +132,17 @@ def _language(parts: Sequence[PartTranscript], asked: str | None) -> tuple[str |
     return chosen, (sum(found) / len(found) if found else None)
 
 
-def stitch(parts: Sequence[PartTranscript], duration: float, asked: str | None) -> dict[str, Any]:
-    """The job's transcript from its parts' (see the invariants); `asked`: the job's language."""
+def stitch(
+    parts: Sequence[PartTranscript], duration: float, asked: str | None, *, complete: bool = True
+) -> dict[str, Any]:
+    """The job's transcript from its parts' (see the invariants); `asked`: the job's language.
+    `complete=False`: `parts` are the job's first parts only, the last of them not the job's
+    last, so its overlap is left to the next; the segments are then exactly the first ones of
+    the job's whole stitch (each part's kept words depend on the parts before it only)."""
     seam = _Seam()
     segments: list[dict[str, Any]] = []
     for n, part in enumerate(parts):
-        last = n == len(parts) - 1
+        last = complete and n == len(parts) - 1
         for segment in part.transcript.get("segments", []):
             if isinstance(segment, dict):
                 joined = _segment(segment, seam, part.span, last)
