@@ -24,6 +24,7 @@ from app.jobs.live import EVENT_HUB, STREAM_SLOTS
 from app.jobs.stream_limits import StreamSlots
 from app.jobs.waiting import SYNC_SLOTS, SyncSlots
 from app.json_provider import FiniteJSONProvider
+from app.server import read_refused_body
 from app.services import Clock, build_services, utc_clock
 
 log = logging.getLogger(__name__)
@@ -94,6 +95,7 @@ def create_app(
     app.extensions[EVENT_HUB] = EventHub(lambda: redis_client(settings, socket_timeout=10))
     register_error_handlers(app)
     app.before_request(check_request_text)
+    app.after_request(read_refused_body)
     problem = scrape_token_problem(settings)
     if problem is not None:  # names the rule, never the token
         log.warning("/metrics stays disabled: %s", problem)

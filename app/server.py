@@ -17,8 +17,11 @@ Invariants:
   server's own guard; the TLS front (docker/Caddyfile) buffers requests as a second layer.
 - An answer given before the request body was read (a refused upload: a bad token, a bad
   field) reaches the client whole: the rest of the body is read and dropped before the
-  connection is reused or closed, up to the upload limit and for `UNREAD_BODY_SECONDS`
-  (`_drain_unread_body`). Closing a socket with unread data resets it, and the reset can
+  refusal is written (`read_refused_body`, a Flask after-request hook: a client or TLS front
+  still sending never gets an answer in the middle of its upload, which Caddy's proxy could
+  cut off under load), and again before the connection is reused or closed
+  (`_drain_unread_body`, for what the app never saw), each up to the upload limit and for
+  `UNREAD_BODY_SECONDS`. Closing a socket with unread data resets it, and the reset can
   destroy the answer before the client or the TLS front has read it.
 - gunicorn's error log never holds request text: a refused request is logged as its
   exception class only, a failed one by method and path without the query string, since a
@@ -334,6 +337,46 @@ def _drain_unread_body(parser: Any, limit: int) -> bool:
     finally:
         with contextlib.suppress(OSError):
             sock.settimeout(prior)
+
+
+def read_refused_body(response: Any) -> Any:
+    """Flask after-request hook: a refusal (4xx, 5xx) waits until the request's body is in,
+    read and dropped, so the client is answered after its upload, not during it. Bounded as
+    `_drain_unread_body`: not at all for a body declared over the app's limit (its 413 closes
+    the connection), at most that many bytes and `UNREAD_BODY_SECONDS`; a read that fails is
+    left to the connection's own drain."""
+    from flask import current_app, request
+
+    if response.status_code < 400:
+        return response
+    declared = request.content_length
+    limit = current_app.config.get("MAX_CONTENT_LENGTH") or _DEFAULT_BODY_LIMIT
+    if declared is not None and declared > limit:
+        return response
+    if not declared and not request.headers.get("Transfer-Encoding"):
+        return response  # no body
+    deadline = time.monotonic() + UNREAD_BODY_SECONDS
+    sock = client_socket(request.environ)
+    prior = sock.gettimeout() if sock is not None else None
+    read = 0
+    try:
+        while read <= limit:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            if sock is not None:  # a client that stops sending holds this thread no longer
+                sock.settimeout(remaining if prior is None else min(prior, remaining))
+            data = request.stream.read(64 * 1024)
+            if not data:
+                break
+            read += len(data)
+    except Exception:  # noqa: BLE001 - a reset, a timeout, a malformed chunk: the answer stands
+        log.debug("the refused request's body could not be read whole")
+    finally:
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.settimeout(prior)
+    return response
 
 
 def client_socket(environ: dict[str, Any]) -> socket.socket | None:
