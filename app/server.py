@@ -340,15 +340,15 @@ def _drain_unread_body(parser: Any, limit: int) -> bool:
 
 
 def read_refused_body(response: Any) -> Any:
-    """Flask after-request hook: a refusal (4xx, 5xx) waits until the request's body is in,
+    """Flask after-request hook: a refusal (4xx, 5xx but 413) waits until the request's body is in,
     read and dropped, so the client is answered after its upload, not during it. Bounded as
     `_drain_unread_body`: not at all for a body declared over the app's limit (its 413 closes
     the connection), at most that many bytes and `UNREAD_BODY_SECONDS`; a read that fails is
     left to the connection's own drain."""
     from flask import current_app, request
 
-    if response.status_code < 400:
-        return response
+    if response.status_code < 400 or response.status_code == 413:
+        return response  # a body refused as too large is not read (its route said so)
     declared = request.content_length
     limit = current_app.config.get("MAX_CONTENT_LENGTH") or _DEFAULT_BODY_LIMIT
     if declared is not None and declared > limit:
