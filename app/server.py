@@ -39,6 +39,7 @@ import threading
 import time
 from typing import Any
 
+from flask import current_app, request
 from gunicorn import util
 from gunicorn.workers.gthread import ThreadWorker
 
@@ -345,8 +346,6 @@ def read_refused_body(response: Any) -> Any:
     `_drain_unread_body`: not at all for a body declared over the app's limit (its 413 closes
     the connection), at most that many bytes and `UNREAD_BODY_SECONDS`; a read that fails is
     left to the connection's own drain."""
-    from flask import current_app, request
-
     if response.status_code < 400 or response.status_code == 413:
         return response  # a body refused as too large is not read (its route said so)
     declared = request.content_length

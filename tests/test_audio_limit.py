@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from tests.conftest import (
     make_settings,
     wait_for,
 )
+from tests.serving import serving_audio
 
 
 def _limited(settings: Settings, seconds: float) -> Settings:
@@ -118,25 +118,8 @@ def test_a_workers_audio_too_long_reaches_the_client_as_a_4xx(
 @pytest.fixture
 def lying_audio_url() -> Iterator[str]:
     """A loopback server whose /lying.flac says 10 s in its header and lasts 600 s."""
-    data = lying_flac(seconds=600, stated_seconds=10)
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(
-        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-    ).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/lying.flac"
-    server.shutdown()
-    server.server_close()
+    with serving_audio(lying_flac(seconds=600, stated_seconds=10), "lying.flac") as url:
+        yield url
 
 
 def test_a_url_whose_header_understates_the_length_fails_its_job(

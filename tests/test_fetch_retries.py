@@ -5,12 +5,10 @@ resend sweep. Real processes: the API and an I/O worker; the URLs are on a loopb
 
 from __future__ import annotations
 
-import threading
 import time
 import wave
 from collections.abc import Iterator
 from contextlib import ExitStack
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +19,7 @@ import requests
 from app.credentials import token_fingerprint
 from app.jobs.io_slots import IoSlots
 from tests.conftest import API_TOKEN, LiveApi, Proc, auth
+from tests.serving import serving_audio
 
 pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
@@ -31,30 +30,14 @@ HOLD_SECONDS = 12.0
 
 @pytest.fixture()
 def audio_url(tmp_path: Path) -> Iterator[str]:
-    served = tmp_path / "served"
-    served.mkdir()
-    with wave.open(str(served / "a.wav"), "wb") as w:
+    wav = tmp_path / "a.wav"
+    with wave.open(str(wav), "wb") as w:
         w.setnchannels(1)
         w.setsampwidth(2)
         w.setframerate(16000)
         w.writeframes(b"\x01\x00" * 16000 * 2)
-
-    class Handler(SimpleHTTPRequestHandler):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, directory=str(served), **kwargs)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(
-        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-    ).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/a.wav"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving_audio(wav.read_bytes(), "a.wav") as url:
+        yield url
 
 
 def _job(live: LiveApi, job_id: str) -> dict[str, Any]:
